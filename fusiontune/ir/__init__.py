@@ -1,0 +1,20 @@
+"""The IR: graphs, the op catalogue, the builder DSL, the float64 interpreter and dumps."""
+
+from fusiontune.ir.builder import GraphBuilder, Tensor
+from fusiontune.ir.graph import Graph, GraphEditor, Node, Value
+from fusiontune.ir.interpreter import random_inputs, run_graph
+from fusiontune.ir.ops import CATALOGUE, OpDef, get_op
+
+__all__ = [
+    "CATALOGUE",
+    "Graph",
+    "GraphBuilder",
+    "GraphEditor",
+    "Node",
+    "OpDef",
+    "Tensor",
+    "Value",
+    "get_op",
+    "random_inputs",
+    "run_graph",
+]

@@ -1,0 +1,486 @@
+"""The op catalogue: for every op, its kind, attributes, shape rule and numpy reference.
+
+The reference functions *define* the ops: the interpreter runs them, and every generated kernel is
+checked against them. Each reference computes in the dtype of its inputs, so the same function
+serves the float64 reference run and the float32 "unfused" run.
+
+Kinds follow DESIGN section 3: ``elementwise`` (numpy broadcasting), ``reduction`` (reductions and
+the row-wise normalizations built on them), ``contraction`` (MatMul), ``layout`` (data movement).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from scipy import special
+
+from fusiontune.ir.graph import Node, Shape, Value
+
+ShapeRule = Callable[[Mapping[str, Any], Sequence[Value]], list[tuple[Shape, str]]]
+Reference = Callable[..., tuple[np.ndarray, ...]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything the toolchain knows about one op.
+
+    Attributes:
+        name: op name as it appears in graphs and fusion logs.
+        kind: elementwise | reduction | contraction | layout.
+        infer: shape rule, ``(attrs, input values) -> [(shape, dtype), ...]`` per output.
+        reference: numpy definition, ``(attrs, *arrays) -> tuple of arrays``.
+        arity: number of inputs, or a ``(min, max)`` range; ``None`` for variadic.
+        attrs: attribute names with their defaults.
+        basic: taken by basic (elementwise-chain) fusion. Expensive elementwise ops (Pow, the
+            transcendentals) join fused groups only at the composite stage, as Pow does in
+            MindSpore's NetCompositeFuse example (seed 001).
+        doc: one line for ``fusiontune passes``-style listings and dumps.
+    """
+
+    name: str
+    kind: str
+    infer: ShapeRule
+    reference: Reference
+    arity: int | tuple[int, int] | None
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    basic: bool = False
+    doc: str = ""
+
+    def check_arity(self, n: int) -> bool:
+        if self.arity is None:
+            return n >= 1
+        if isinstance(self.arity, tuple):
+            return self.arity[0] <= n <= self.arity[1]
+        return n == self.arity
+
+
+CATALOGUE: dict[str, OpDef] = {}
+
+
+def _register(op: OpDef) -> OpDef:
+    CATALOGUE[op.name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return CATALOGUE[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}") from None
+
+
+# ---- shape helpers ---------------------------------------------------------------------------
+FLOAT_DTYPES = ("float64", "float32", "float16")
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(f"shapes {list(shapes)} do not broadcast") from None
+
+
+def result_dtype(values: Sequence[Value]) -> str:
+    """numpy-style promotion among the float inputs; ints only when all inputs are ints."""
+    floats = [v.dtype for v in values if v.dtype in FLOAT_DTYPES]
+    if floats:
+        return min(floats, key=FLOAT_DTYPES.index)
+    return values[0].dtype
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"axis {axis} out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def normalize_axes(axes: Sequence[int] | None, rank: int) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(rank))
+    return tuple(sorted({normalize_axis(a, rank) for a in axes}))
+
+
+def _same(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    return [(ins[0].shape, ins[0].dtype)]
+
+
+def _broadcast(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    return [(broadcast_shapes(*(v.shape for v in ins)), result_dtype(ins))]
+
+
+def _compare(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    return [(broadcast_shapes(*(v.shape for v in ins)), "bool")]
+
+
+def _where(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    return [(broadcast_shapes(*(v.shape for v in ins)), result_dtype(ins[1:]))]
+
+
+def _cast(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    return [(ins[0].shape, str(np.dtype(attrs["to"])))]
+
+
+def _reduce(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    shape = ins[0].shape
+    axes = normalize_axes(attrs.get("axes"), len(shape))
+    if attrs.get("keepdims", True):
+        out = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    else:
+        out = tuple(d for i, d in enumerate(shape) if i not in axes)
+    return [(out, ins[0].dtype)]
+
+
+def _norm(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    x = ins[0]
+    n = x.shape[-1]
+    for p in ins[1:]:
+        if p.shape not in ((n,), (1, n)) and broadcast_shapes(p.shape, x.shape) != x.shape:
+            raise ValueError(f"parameter shape {p.shape} does not fit normalized shape {x.shape}")
+    return [(x.shape, x.dtype)]
+
+
+def _add_norm(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    shape = broadcast_shapes(ins[0].shape, ins[1].shape)
+    dtype = result_dtype(ins[:2])
+    _norm(attrs, [Value("s", shape, dtype), *ins[2:]])
+    return [(shape, dtype), (shape, dtype)]
+
+
+def _matmul(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    a, b = ins[0].shape, ins[1].shape
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"MatMul needs rank >= 2 operands, got {a} and {b}")
+    if a[-1] != b[-2]:
+        raise ValueError(f"MatMul inner dimensions differ: {a} @ {b}")
+    batch = broadcast_shapes(a[:-2], b[:-2])
+    out = (*batch, a[-2], b[-1])
+    if len(ins) == 3:
+        if broadcast_shapes(out, ins[2].shape) != out:
+            raise ValueError(f"MatMul bias {ins[2].shape} does not broadcast to {out}")
+    return [(out, result_dtype(ins[:2]))]
+
+
+def _bias_add(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    x, b = ins
+    if b.shape != (x.shape[-1],):
+        raise ValueError(f"BiasAdd bias must have shape ({x.shape[-1]},), got {b.shape}")
+    return [(x.shape, result_dtype(ins))]
+
+
+def _reshape(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    target = list(attrs["shape"])
+    src = ins[0].shape
+    for i, d in enumerate(target):
+        if d == 0:
+            target[i] = src[i]
+    if target.count(-1) > 1:
+        raise ValueError("Reshape allows at most one -1")
+    size = int(np.prod(src, dtype=np.int64))
+    if -1 in target:
+        known = int(np.prod([d for d in target if d != -1], dtype=np.int64))
+        target[target.index(-1)] = size // known if known else 0
+    if int(np.prod(target, dtype=np.int64)) != size:
+        raise ValueError(f"cannot reshape {src} to {tuple(attrs['shape'])}")
+    return [(tuple(int(d) for d in target), ins[0].dtype)]
+
+
+def _transpose(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    shape = ins[0].shape
+    perm = attrs.get("perm") or tuple(reversed(range(len(shape))))
+    if sorted(perm) != list(range(len(shape))):
+        raise ValueError(f"bad permutation {perm} for rank {len(shape)}")
+    return [(tuple(shape[p] for p in perm), ins[0].dtype)]
+
+
+def _concat(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    rank = len(ins[0].shape)
+    axis = normalize_axis(attrs["axis"], rank)
+    for v in ins[1:]:
+        if len(v.shape) != rank or any(
+            d != e for i, (d, e) in enumerate(zip(v.shape, ins[0].shape)) if i != axis
+        ):
+            raise ValueError(f"Concat inputs {[v.shape for v in ins]} differ off axis {axis}")
+    out = list(ins[0].shape)
+    out[axis] = sum(v.shape[axis] for v in ins)
+    return [(tuple(out), result_dtype(ins))]
+
+
+def _split(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    shape = ins[0].shape
+    axis = normalize_axis(attrs["axis"], len(shape))
+    sizes = attrs["sizes"]
+    if sum(sizes) != shape[axis]:
+        raise ValueError(f"Split sizes {sizes} do not add up to {shape[axis]}")
+    return [
+        (tuple(s if i == axis else d for i, d in enumerate(shape)), ins[0].dtype) for s in sizes
+    ]
+
+
+def slice_index(attrs: Mapping[str, Any], shape: Shape) -> tuple[slice, ...]:
+    """The numpy index a Slice node takes (ONNX semantics, clamped)."""
+    index = [slice(None)] * len(shape)
+    axes = attrs.get("axes") or tuple(range(len(attrs["starts"])))
+    steps = attrs.get("steps") or (1,) * len(axes)
+    for start, end, axis, step in zip(attrs["starts"], attrs["ends"], axes, steps, strict=True):
+        index[normalize_axis(axis, len(shape))] = slice(start, end, step)
+    return tuple(index)
+
+
+def _slice(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    probe = np.empty(ins[0].shape, dtype=np.bool_)[slice_index(attrs, ins[0].shape)]
+    return [(tuple(probe.shape), ins[0].dtype)]
+
+
+def _expand(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    return [(broadcast_shapes(ins[0].shape, tuple(attrs["shape"])), ins[0].dtype)]
+
+
+# ---- references ------------------------------------------------------------------------------
+def _ew(fn: Callable[..., np.ndarray]) -> Reference:
+    def ref(attrs: Mapping[str, Any], *xs: np.ndarray) -> tuple[np.ndarray, ...]:
+        out = np.asarray(fn(*xs))
+        dtypes = [x.dtype for x in xs if np.issubdtype(x.dtype, np.floating)]
+        if dtypes and np.issubdtype(out.dtype, np.floating):
+            out = out.astype(np.result_type(*dtypes), copy=False)
+        return (out,)
+
+    return ref
+
+
+def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
+    if approximate == "tanh":
+        c = np.sqrt(2.0 / np.pi).astype(x.dtype)
+        return 0.5 * x * (1.0 + np.tanh(c * (x + x.dtype.type(0.044715) * x * x * x)))
+    return 0.5 * x * (1.0 + special.erf(x * x.dtype.type(1.0 / np.sqrt(2.0))))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _reduce_ref(fn: Callable[..., np.ndarray]) -> Reference:
+    def ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple[np.ndarray, ...]:
+        axes = normalize_axes(attrs.get("axes"), x.ndim)
+        return (fn(x, axis=axes, keepdims=bool(attrs.get("keepdims", True))).astype(x.dtype),)
+
+    return ref
+
+
+def _softmax(attrs: Mapping[str, Any], x: np.ndarray) -> tuple[np.ndarray, ...]:
+    axis = attrs.get("axis", -1)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return (e / e.sum(axis=axis, keepdims=True),)
+
+
+def _layer_norm_core(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    var = np.square(x - mean).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + x.dtype.type(eps)) * gamma + beta
+
+
+def _rms_norm_core(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    ms = np.square(x).mean(axis=-1, keepdims=True)
+    return x / np.sqrt(ms + x.dtype.type(eps)) * gamma
+
+
+def _layer_norm(attrs: Mapping[str, Any], x: np.ndarray, g: np.ndarray, b: np.ndarray) -> tuple:
+    return (_layer_norm_core(x, g, b, attrs.get("eps", 1e-5)),)
+
+
+def _rms_norm(attrs: Mapping[str, Any], x: np.ndarray, g: np.ndarray) -> tuple:
+    return (_rms_norm_core(x, g, attrs.get("eps", 1e-6)),)
+
+
+def _add_layer_norm(attrs: Mapping[str, Any], a: np.ndarray, b: np.ndarray, g: np.ndarray, beta: np.ndarray) -> tuple:
+    s = a + b
+    return (_layer_norm_core(s, g, beta, attrs.get("eps", 1e-5)), s)
+
+
+def _add_rms_norm(attrs: Mapping[str, Any], a: np.ndarray, b: np.ndarray, g: np.ndarray) -> tuple:
+    s = a + b
+    return (_rms_norm_core(s, g, attrs.get("eps", 1e-6)), s)
+
+
+def _matmul_ref(attrs: Mapping[str, Any], a: np.ndarray, b: np.ndarray, *bias: np.ndarray) -> tuple:
+    out = np.matmul(a, b)
+    if bias:
+        out = out + bias[0]
+    return (out.astype(np.result_type(a.dtype, b.dtype), copy=False),)
+
+
+def _split_ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
+    cuts = np.cumsum(attrs["sizes"])[:-1]
+    return tuple(np.ascontiguousarray(p) for p in np.split(x, cuts, axis=attrs["axis"]))
+
+
+def _reshape_ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
+    shape = _reshape(attrs, [Value("x", x.shape, str(x.dtype))])[0][0]
+    return (x.reshape(shape),)
+
+
+def _transpose_ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
+    return (np.transpose(x, attrs.get("perm") or None),)
+
+
+# ---- the catalogue ---------------------------------------------------------------------------
+def _binary(name: str, fn: Callable[..., np.ndarray], basic: bool, doc: str) -> None:
+    _register(OpDef(name, "elementwise", _broadcast, _ew(fn), 2, basic=basic, doc=doc))
+
+
+def _unary(name: str, fn: Callable[..., np.ndarray], basic: bool, doc: str, **attrs: Any) -> None:
+    _register(OpDef(name, "elementwise", _same, _ew(fn), 1, attrs=attrs, basic=basic, doc=doc))
+
+
+_binary("Add", np.add, True, "a + b")
+_binary("Sub", np.subtract, True, "a - b")
+_binary("Mul", np.multiply, True, "a * b")
+_binary("Div", np.divide, True, "a / b")
+_binary("Maximum", np.maximum, True, "max(a, b)")
+_binary("Minimum", np.minimum, True, "min(a, b)")
+_binary("Pow", np.power, False, "a ** b")
+_register(OpDef("Greater", "elementwise", _compare, _ew(np.greater), 2, basic=True, doc="a > b"))
+_register(OpDef("Less", "elementwise", _compare, _ew(np.less), 2, basic=True, doc="a < b"))
+_register(OpDef("Equal", "elementwise", _compare, _ew(np.equal), 2, basic=True, doc="a == b"))
+_unary("Neg", np.negative, True, "-x")
+_unary("Relu", lambda x: np.maximum(x, x.dtype.type(0)), True, "max(x, 0)")
+_unary("Reciprocal", lambda x: 1.0 / x, True, "1 / x")
+_unary("Sqrt", np.sqrt, False, "sqrt(x)")
+_unary("Rsqrt", lambda x: 1.0 / np.sqrt(x), False, "1 / sqrt(x)")
+_unary("Exp", np.exp, False, "e ** x")
+_unary("Log", np.log, False, "ln x")
+_unary("Tanh", np.tanh, False, "tanh x")
+_unary("Erf", special.erf, False, "the error function")
+_unary("Sigmoid", _sigmoid, False, "1 / (1 + e ** -x)")
+_unary("Silu", lambda x: x * _sigmoid(x), False, "x * sigmoid(x)")
+_register(
+    OpDef(
+        "Gelu",
+        "elementwise",
+        _same,
+        lambda attrs, x: _ew(lambda v: _gelu(v, attrs.get("approximate", "none")))(attrs, x),
+        1,
+        attrs={"approximate": "none"},
+        doc="x * Phi(x); approximate='tanh' is the tanh form",
+    )
+)
+_register(
+    OpDef(
+        "Cast",
+        "elementwise",
+        _cast,
+        lambda attrs, x: (x.astype(np.dtype(attrs["to"])),),
+        1,
+        attrs={"to": "float32"},
+        basic=True,
+        doc="convert the element type",
+    )
+)
+_register(
+    OpDef(
+        "Where",
+        "elementwise",
+        _where,
+        lambda attrs, c, a, b: (np.where(c, a, b).astype(np.result_type(a.dtype, b.dtype)),),
+        3,
+        basic=True,
+        doc="cond ? a : b",
+    )
+)
+_register(
+    OpDef("BiasAdd", "elementwise", _bias_add, _ew(np.add), 2, basic=True, doc="x + bias over the last axis")
+)
+_register(
+    OpDef(
+        "SwiGlu",
+        "elementwise",
+        _broadcast,
+        _ew(lambda g, u: g * _sigmoid(g) * u),
+        2,
+        doc="silu(gate) * up",
+    )
+)
+for _name, _fn, _doc in (
+    ("ReduceSum", np.sum, "sum over axes"),
+    ("ReduceMean", np.mean, "mean over axes"),
+    ("ReduceMax", np.max, "max over axes"),
+):
+    _register(
+        OpDef(_name, "reduction", _reduce, _reduce_ref(_fn), 1, attrs={"axes": None, "keepdims": True}, doc=_doc)
+    )
+_register(OpDef("Softmax", "reduction", _same, _softmax, 1, attrs={"axis": -1}, doc="exp(x - max) / sum"))
+_register(
+    OpDef(
+        "LayerNorm", "reduction", _norm, _layer_norm, 3, attrs={"eps": 1e-5},
+        doc="(x - mean) / sqrt(var + eps) * gamma + beta over the last axis",
+    )
+)
+_register(
+    OpDef(
+        "RMSNorm", "reduction", _norm, _rms_norm, 2, attrs={"eps": 1e-6},
+        doc="x / sqrt(mean(x^2) + eps) * gamma over the last axis",
+    )
+)
+_register(
+    OpDef(
+        "AddLayerNorm", "reduction", _add_norm, _add_layer_norm, 4, attrs={"eps": 1e-5},
+        doc="s = a + b; (LayerNorm(s), s)",
+    )
+)
+_register(
+    OpDef(
+        "AddRmsNorm", "reduction", _add_norm, _add_rms_norm, 3, attrs={"eps": 1e-6},
+        doc="s = a + b; (RMSNorm(s), s)",
+    )
+)
+_register(
+    OpDef("MatMul", "contraction", _matmul, _matmul_ref, (2, 3), doc="batched a @ b (+ bias), numpy semantics")
+)
+_register(OpDef("Reshape", "layout", _reshape, _reshape_ref, 1, attrs={"shape": ()}, doc="same data, new shape"))
+_register(OpDef("Transpose", "layout", _transpose, _transpose_ref, 1, attrs={"perm": ()}, doc="permute axes"))
+_register(
+    OpDef(
+        "Concat", "layout", _concat,
+        lambda attrs, *xs: (np.concatenate(xs, axis=attrs["axis"]),),
+        None, attrs={"axis": 0}, doc="join along an axis",
+    )
+)
+_register(OpDef("Split", "layout", _split, _split_ref, 1, attrs={"axis": 0, "sizes": ()}, doc="cut along an axis"))
+_register(
+    OpDef(
+        "Slice", "layout", _slice,
+        lambda attrs, x: (np.ascontiguousarray(x[slice_index(attrs, x.shape)]),),
+        1, attrs={"starts": (), "ends": (), "axes": (), "steps": ()}, doc="strided window",
+    )
+)
+_register(
+    OpDef(
+        "Expand", "layout", _expand,
+        lambda attrs, x: (np.ascontiguousarray(np.broadcast_to(x, _expand(attrs, [Value("x", x.shape)])[0][0])),),
+        1, attrs={"shape": ()}, doc="broadcast to a shape",
+    )
+)
+
+
+def infer_node(node: Node, inputs: Sequence[Value]) -> list[tuple[Shape, str]]:
+    """Apply the op's shape rule to ``node``; raise ``ValueError`` naming the node on failure."""
+    op = get_op(node.op)
+    if not op.check_arity(len(inputs)):
+        raise ValueError(f"node {node.name}: {node.op} takes {op.arity} inputs, got {len(inputs)}")
+    attrs = {**op.attrs, **node.attrs}
+    try:
+        outs = op.infer(attrs, inputs)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"node {node.name} ({node.op}): {exc}") from None
+    if len(outs) != len(node.outputs):
+        raise ValueError(f"node {node.name}: {node.op} makes {len(outs)} outputs, node names {len(node.outputs)}")
+    return outs
+
+
+def run_reference(node: Node, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """Evaluate one node with its numpy reference."""
+    op = get_op(node.op)
+    attrs = {**op.attrs, **node.attrs}
+    with np.errstate(all="ignore"):
+        return tuple(np.asarray(a) for a in op.reference(attrs, *arrays))

@@ -1,0 +1,205 @@
+"""The pass contract: what a pass declares, what it may ask of its context, what it reports.
+
+A pass is declared once, in the registry table (``fusiontune.passes.registry.PASSES``), by a
+:class:`PassInfo`. Its ``run`` function finds matches and rewrites:
+
+* a ``GraphFusion`` pass: ``run(graph: Graph, ctx: PassContext) -> Graph``;
+* a ``UBFusion`` pass: ``run(fused: FusedGraph, ctx: PassContext) -> FusedGraph``.
+
+Before each rewrite the pass asks ``ctx.allow(pattern, nodes)``. That counts the match
+(``matched_times``), and when it returns True the pass must apply the rewrite, which counts as
+``effected_times``. The application id, ``(pass, index)`` with the original node names it touches,
+is stable for a given graph and configuration: that is what lets bisection switch off one fusion
+out of many.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from fusiontune.config.fusion_config import FusionConfig
+    from fusiontune.ir.graph import Graph
+
+GRAPH_FUSION = "GraphFusion"
+UB_FUSION = "UBFusion"
+KINDS = (GRAPH_FUSION, UB_FUSION)
+
+
+@dataclass(frozen=True)
+class SplitPoint:
+    """A named integer a split-fusion pass exposes. 0 always means "no cut".
+
+    Attributes:
+        name: the point's name; its search parameter is ``split.<Pass>.<name>``.
+        low: smallest allowed value (0).
+        high: largest allowed value.
+        doc: what the value means.
+        choices: the values worth searching, when not every integer in [low, high] is.
+    """
+
+    name: str
+    low: int
+    high: int
+    doc: str
+    choices: tuple[int, ...] = ()
+
+    def check(self, value: int) -> None:
+        if not self.low <= value <= self.high:
+            raise ValueError(f"split point {self.name} must be in [{self.low}, {self.high}], got {value}")
+
+
+@dataclass(frozen=True)
+class PassInfo:
+    """One row of the registry.
+
+    Attributes:
+        name: CANN-style name, as written in fusion_switch.cfg (``ConvBatchnormFusionPass``).
+        aliases: MindSpore-style names accepted in graph_kernel_flags (``add_layer_norm_fusion``).
+        kind: ``GraphFusion`` (math rewrite, hardware independent) or ``UBFusion`` (kernel grouping
+            that keeps intermediates in cache).
+        default: on unless the configuration says otherwise.
+        switchable: False for passes needed for correctness: ``"ALL":"off"`` leaves them on and an
+            explicit off is an error.
+        exact: False when the rewrite changes numerics beyond rounding.
+        split_points: the integer parameters of a split-fusion pass.
+        entry: ``"module:function"`` of the run function, imported on first use.
+        summary: one line for ``fusiontune passes``.
+        stage: where the pipeline runs it: canonicalize, graph, ub_basic, ub_composite, ub_multi,
+            ub_epilogue, split.
+        expected_error: for inexact passes, the relative error the rewrite may add.
+    """
+
+    name: str
+    aliases: tuple[str, ...]
+    kind: str
+    default: bool
+    switchable: bool
+    exact: bool
+    split_points: tuple[SplitPoint, ...]
+    entry: str
+    summary: str
+    stage: str
+    expected_error: float = 0.0
+
+    def load(self) -> Callable[..., Any]:
+        module, func = self.entry.split(":")
+        return getattr(importlib.import_module(module), func)
+
+    @property
+    def doc(self) -> str:
+        """The run function's docstring: the identity the pass relies on and its preconditions."""
+        return (self.load().__doc__ or "").strip()
+
+
+@dataclass(frozen=True)
+class Application:
+    """One rewrite a pass made (or was denied): the unit bisection switches off."""
+
+    pass_name: str
+    index: int
+    pattern: str
+    nodes: tuple[str, ...]
+    applied: bool
+
+
+@dataclass(frozen=True)
+class PatternStat:
+    """matched_times / effected_times for one (pass, pattern), in execution order."""
+
+    pass_name: str
+    kind: str
+    pattern: str
+    matched_times: int
+    effected_times: int
+
+    def log_line(self) -> str:
+        """CANN's line, e.g. ``GraphFusionPass[X]: pattern=P, matched_times=2, effected_times=2``."""
+        return (
+            f"{self.kind}Pass[{self.pass_name}]: pattern={self.pattern}, "
+            f"matched_times={self.matched_times}, effected_times={self.effected_times}"
+        )
+
+
+@dataclass(frozen=True)
+class FusionReport:
+    """What the pipeline did: per-pattern statistics in execution order, and every application."""
+
+    stats: tuple[PatternStat, ...]
+    applications: tuple[Application, ...]
+    passes_run: tuple[str, ...]
+
+    def log_lines(self) -> list[str]:
+        return [s.log_line() for s in self.stats]
+
+    def effected(self, pass_name: str) -> int:
+        return sum(s.effected_times for s in self.stats if s.pass_name == pass_name)
+
+    def matched(self, pass_name: str) -> int:
+        return sum(s.matched_times for s in self.stats if s.pass_name == pass_name)
+
+    def to_fusion_result(self, graph_id: int = 0) -> dict[str, Any]:
+        """CANN's ``fusion_result.json`` shape: per session/graph, per kind, per pass counts."""
+        sections: dict[str, dict[str, dict[str, str]]] = {"graph_fusion": {}, "ub_fusion": {}}
+        for s in self.stats:
+            key = "graph_fusion" if s.kind == GRAPH_FUSION else "ub_fusion"
+            entry = sections[key].setdefault(s.pass_name, {"match_times": "0", "effect_times": "0"})
+            entry["match_times"] = str(int(entry["match_times"]) + s.matched_times)
+            entry["effect_times"] = str(int(entry["effect_times"]) + s.effected_times)
+        return {"graphId": str(graph_id), "session_and_graph_id": f"0_{graph_id}", **sections}
+
+
+@dataclass
+class PassContext:
+    """What a running pass may see and ask: the configuration, split points, the allow hook.
+
+    Attributes:
+        config: the resolved configuration (which passes are on, split point values).
+        deny: applications to refuse, ``{pass name: {index, ...}}`` (bisection's second step).
+    """
+
+    config: FusionConfig
+    deny: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    current: PassInfo | None = None
+    _stats: list[PatternStat] = field(default_factory=list)
+    _apps: list[Application] = field(default_factory=list)
+    _counts: dict[str, list[int]] = field(default_factory=dict)
+    _index: int = 0
+
+    def begin(self, info: PassInfo) -> None:
+        self.current = info
+        self._counts = {}
+        self._index = 0
+
+    def end(self, patterns: Iterable[str] = ()) -> None:
+        """Close the pass: emit one stat per pattern it tried (declared patterns with 0 matches too)."""
+        assert self.current is not None
+        for p in patterns:
+            self._counts.setdefault(p, [0, 0])
+        if not self._counts:
+            self._counts[self.current.name.removesuffix("Pass")] = [0, 0]
+        for pattern, (m, e) in self._counts.items():
+            self._stats.append(PatternStat(self.current.name, self.current.kind, pattern, m, e))
+        self.current = None
+
+    def allow(self, pattern: str, nodes: Iterable[str]) -> bool:
+        """Count a match of ``pattern`` over ``nodes`` (original node names); True: apply it."""
+        assert self.current is not None, "allow() outside a pass"
+        index = self._index
+        self._index += 1
+        ok = index not in self.deny.get(self.current.name, frozenset())
+        counts = self._counts.setdefault(pattern, [0, 0])
+        counts[0] += 1
+        counts[1] += int(ok)
+        self._apps.append(Application(self.current.name, index, pattern, tuple(dict.fromkeys(nodes)), ok))
+        return ok
+
+    def split(self, point: str) -> int:
+        """The value of one of the current pass's split points (0: no cut)."""
+        assert self.current is not None
+        return self.config.split_value(self.current.name, point)
+
+    def report(self) -> FusionReport:
+        return FusionReport(tuple(self._stats), tuple(self._apps), tuple(dict.fromkeys(s.pass_name for s in self._stats)))

@@ -1,0 +1,146 @@
+"""The one registry table: every fusion pass fusiontune knows, in pipeline order.
+
+Adding a pass is one new module and one row here. The pipeline runs the rows stage by stage
+(``STAGES``), and within a stage in table order; the fusion log prints them in that order.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from fusiontune.passes.base import GRAPH_FUSION, UB_FUSION, PassInfo, SplitPoint
+
+STAGES = ("canonicalize", "graph", "split_pre", "ub_epilogue", "ub_basic", "ub_composite", "ub_multi", "split_post")
+
+_G = "fusiontune.passes.graph"
+_U = "fusiontune.passes.ub"
+
+
+def _p(
+    name: str,
+    aliases: tuple[str, ...],
+    kind: str,
+    stage: str,
+    entry: str,
+    summary: str,
+    *,
+    default: bool = True,
+    switchable: bool = True,
+    exact: bool = True,
+    split_points: tuple[SplitPoint, ...] = (),
+    expected_error: float = 0.0,
+) -> PassInfo:
+    return PassInfo(
+        name=name,
+        aliases=aliases,
+        kind=kind,
+        default=default,
+        switchable=switchable,
+        exact=exact,
+        split_points=split_points,
+        entry=entry,
+        summary=summary,
+        stage=stage,
+        expected_error=expected_error,
+    )
+
+
+PASSES: tuple[PassInfo, ...] = (
+    # ---- canonicalize: needed for correctness, never switched off ------------------------------
+    _p("ConstantFoldingPass", ("constant_folding",), GRAPH_FUSION, "canonicalize",
+       f"{_G}.constant_folding:constant_folding",
+       "evaluate nodes whose inputs are all constants", switchable=False),
+    _p("IdentityEliminationPass", ("identity_elimination",), GRAPH_FUSION, "canonicalize",
+       f"{_G}.identity_elimination:identity_elimination",
+       "drop no-op Reshape/Transpose/Cast/Expand and x*1, x+0", switchable=False),
+    # ---- GraphFusion: math rewrites ------------------------------------------------------------
+    _p("MatMulBiasAddFusionPass", ("matmul_biasadd_fusion",), GRAPH_FUSION, "graph",
+       f"{_G}.matmul_bias_add:matmul_bias_add_fusion",
+       "MatMul + BiasAdd/Add(vector) -> MatMul with a bias input"),
+    _p("GeluFusionPass", ("gelu_fusion",), GRAPH_FUSION, "graph",
+       f"{_G}.gelu:gelu_fusion",
+       "0.5*x*(1+erf(x/sqrt2)) subgraph -> Gelu"),
+    _p("SoftmaxFusionPass", ("softmax_fusion",), GRAPH_FUSION, "graph",
+       f"{_G}.softmax:softmax_fusion",
+       "max / sub / exp / sum / div -> Softmax"),
+    _p("LayerNormFusionPass", ("layer_norm_fusion",), GRAPH_FUSION, "graph",
+       f"{_G}.layer_norm:layer_norm_fusion",
+       "decomposed mean/var normalization -> LayerNorm"),
+    _p("RmsNormFusionPass", ("rms_norm_fusion",), GRAPH_FUSION, "graph",
+       f"{_G}.rms_norm:rms_norm_fusion",
+       "decomposed mean-of-squares normalization -> RMSNorm"),
+    _p("AddLayerNormFusionPass", ("add_layer_norm_fusion",), GRAPH_FUSION, "graph",
+       f"{_G}.add_norm:add_layer_norm_fusion",
+       "Add + LayerNorm -> AddLayerNorm (also returns the sum)"),
+    _p("AddRmsNormFusionPass", ("add_rms_norm_fusion",), GRAPH_FUSION, "graph",
+       f"{_G}.add_norm:add_rms_norm_fusion",
+       "Add + RMSNorm -> AddRmsNorm (also returns the sum)"),
+    _p("SwiGluFusionPass", ("inference_swiglu_fusion",), GRAPH_FUSION, "graph",
+       f"{_G}.swiglu:swiglu_fusion",
+       "silu(gate) * up -> SwiGlu"),
+    _p("SplitConcatFusionPass", ("split_concat_fusion",), GRAPH_FUSION, "graph",
+       f"{_G}.split_concat:split_concat_fusion",
+       "Concat of a Split's pieces in order -> the input (or one Slice)"),
+    # ---- split fusion before grouping: cut an op into parts that fuse with different neighbours --
+    _p("NormSplitFusionPass", ("norm_split_fusion",), UB_FUSION, "split_pre",
+       f"{_U}.norm_split:norm_split_fusion",
+       "split a normalization into statistics (fuse with producer) and elementwise part (fuse with consumers)",
+       split_points=(SplitPoint("stats", 0, 1, "1: cut LayerNorm/RMSNorm/Softmax between statistics and the elementwise part", (0, 1)),)),
+    # ---- UBFusion: kernel grouping -------------------------------------------------------------
+    _p("MatmulElemBiasaddFusionPass", ("matmul_elem_biasadd_fusion",), UB_FUSION, "ub_epilogue",
+       f"{_U}.matmul_epilogue:matmul_elem_biasadd_fusion",
+       "MatMul kernel applies its bias add as an epilogue"),
+    _p("MatmulElemReluFusionPass", ("matmul_elem_relu_fusion",), UB_FUSION, "ub_epilogue",
+       f"{_U}.matmul_epilogue:matmul_elem_relu_fusion",
+       "MatMul kernel applies a following Relu as an epilogue"),
+    _p("MatmulElemGeluFusionPass", ("matmul_elem_gelu_fusion",), UB_FUSION, "ub_epilogue",
+       f"{_U}.matmul_epilogue:matmul_elem_gelu_fusion",
+       "MatMul kernel applies a following Gelu as an epilogue"),
+    _p("MatmulElemAddFusionPass", ("matmul_elem_add_fusion",), UB_FUSION, "ub_epilogue",
+       f"{_U}.matmul_epilogue:matmul_elem_add_fusion",
+       "MatMul kernel adds a same-shape tensor (residual) as an epilogue"),
+    _p("TbeEltwiseFusionPass", ("basic_ops_fusion",), UB_FUSION, "ub_basic",
+       f"{_U}.eltwise:eltwise_fusion",
+       "basic fusion: chains of simple elementwise ops -> one kernel"),
+    _p("CompositeOpsFusionPass", ("composite_ops_fusion",), UB_FUSION, "ub_composite",
+       f"{_U}.composite:composite_fusion",
+       "composite fusion: groups absorb reductions, transcendental ops and neighbouring groups"),
+    _p("TbeMultiOutputFusionPass", ("multi_output_fusion",), UB_FUSION, "ub_multi",
+       f"{_U}.multi_output:multi_output_fusion",
+       "sibling groups that read the same input -> one multi-output kernel"),
+    # ---- split fusion after grouping ------------------------------------------------------------
+    _p("TbeEltwiseSplitFusionPass", ("elemwise_split_fusion",), UB_FUSION, "split_post",
+       f"{_U}.eltwise_split:eltwise_split_fusion",
+       "cut long elementwise kernels after `cut` ops",
+       split_points=(SplitPoint("cut", 0, 32, "k>0: an elementwise kernel of more than k ops is cut after its k-th op", (0, 2, 4, 8)),)),
+    _p("MatMulRowSplitFusionPass", ("matmul_row_split_fusion",), UB_FUSION, "split_post",
+       f"{_U}.matmul_row_split:matmul_row_split_fusion",
+       "run MatMul in row blocks, applying the epilogue to each block while it is in cache",
+       split_points=(SplitPoint("row_block", 0, 4096, "rows per block; the epilogue runs on each block while in cache", (0, 32, 128, 512)),)),
+)
+
+BY_NAME: dict[str, PassInfo] = {p.name: p for p in PASSES}
+_BY_ALIAS: dict[str, PassInfo] = {a: p for p in PASSES for a in p.aliases}
+
+
+def lookup(name: str) -> PassInfo | None:
+    """A pass by its CANN name or MindSpore alias (exact), or None."""
+    return BY_NAME.get(name) or _BY_ALIAS.get(name)
+
+
+def closest(name: str, n: int = 3) -> list[str]:
+    """The known pass names and aliases closest to ``name``, for error messages."""
+    known = list(BY_NAME) + list(_BY_ALIAS)
+    found = difflib.get_close_matches(name, known, n=n, cutoff=0.5)
+    if not found:
+        lowered = {k.lower(): k for k in known}
+        found = [lowered[k] for k in difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.3)]
+    return found
+
+
+def passes_of_kind(kind: str) -> list[PassInfo]:
+    return [p for p in PASSES if p.kind == kind]
+
+
+def switchable_passes() -> list[PassInfo]:
+    return [p for p in PASSES if p.switchable]
