@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
+from fusiontune.errors import UserError
 from fusiontune.passes.base import KINDS
 from fusiontune.passes.registry import BY_NAME, PASSES
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration that cannot be resolved; the message names the source and the key."""
 
 
@@ -32,6 +33,9 @@ class FusionConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "switches", MappingProxyType(dict(sorted(self.switches.items()))))
         object.__setattr__(self, "split_points", MappingProxyType(dict(sorted(self.split_points.items()))))
+
+    def __hash__(self) -> int:
+        return hash(self.key())
 
     # ---- construction --------------------------------------------------------------------
     @staticmethod

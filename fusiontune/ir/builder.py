@@ -67,6 +67,9 @@ class Tensor:
     def __neg__(self) -> Tensor:
         return self.builder.neg(self)
 
+    def __pow__(self, o: Any) -> Tensor:
+        return self.builder.pow(self, o)
+
     def __matmul__(self, o: Tensor) -> Tensor:
         return self.builder.matmul(self, o)
 
@@ -142,8 +145,7 @@ class GraphBuilder:
         if like not in ("float32", "float64", "float16"):
             like = self.dtype
         ins = [self._operand(x, like) for x in inputs]
-        defaults = get_op(op).attrs
-        attrs = {k: v for k, v in attrs.items() if not (k in defaults and defaults[k] == v)}
+        get_op(op)  # fail early on an unknown op
         node_name = self._fresh(op)
         outs = tuple(f"{node_name}:{i}" if n_outputs > 1 else node_name for i in range(n_outputs))
         node = Node(node_name, op, tuple(t.name for t in ins), outs, attrs)

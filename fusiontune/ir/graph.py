@@ -172,10 +172,13 @@ class Graph:
             arr = np.ascontiguousarray(self.constants[name])
             h.update(f"const {ref(name)} {arr.shape} {arr.dtype};".encode())
             h.update(hashlib.sha256(arr.tobytes()).digest())
+        from fusiontune.ir.ops import get_op  # local: ops imports graph
+
         for n in self.nodes:
             ins = ",".join(str(ref(i)) for i in n.inputs)
             outs = ",".join(f"{ref(o)}{self.values[o].shape}{self.values[o].dtype}" for o in n.outputs)
-            h.update(f"{n.op}({ins})->{outs} {sorted(n.attrs.items())};".encode())
+            attrs = sorted({**get_op(n.op).attrs, **n.attrs}.items())
+            h.update(f"{n.op}({ins})->{outs} {attrs};".encode())
         h.update(("out " + ",".join(str(ref(o)) for o in self.outputs)).encode())
         return h.hexdigest()[:16]
 

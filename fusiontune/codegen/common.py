@@ -1,0 +1,132 @@
+"""Records shared by the kernel generators: what a kernel takes, its source, why a group is refused."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from fusiontune.ir.expand import EXPANDABLE, expand
+from fusiontune.ir.graph import Graph, Node, Shape, Value
+
+# Below this many domain points a kernel runs serially: a parallel launch costs more than it saves.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+
+
+class NotFusable(ValueError):
+    """A set of nodes that no kernel template can run as one kernel (the reason says why)."""
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One kernel argument: which value's buffer, viewed with which shape, read or written."""
+
+    value: str
+    shape: Shape
+    dtype: str
+    role: str  # "in" | "out"
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """Generated numba source for one fused group, and what the runtime must pass it.
+
+    Attributes:
+        name: the Python function name in ``source``.
+        source: a complete module; the function is decorated with ``numba.njit``.
+        args: arguments in call order; the runtime passes each buffer reshaped to ``shape``.
+        kind: loop | contraction | layout.
+        bytes_moved: the least bytes the kernel must read and write (the roofline numerator).
+        flops: floating point operations, approximately (scalar ops x domain points).
+    """
+
+    name: str
+    source: str
+    args: tuple[ArgSpec, ...]
+    kind: str
+    bytes_moved: int
+    flops: int
+
+    @property
+    def key(self) -> str:
+        """Hash of source and argument types: the kernel cache key."""
+        h = hashlib.sha256(self.source.encode())
+        for a in self.args:
+            h.update(f"{a.shape}{a.dtype}{a.role}".encode())
+        return h.hexdigest()[:20]
+
+
+def numba_type(dtype: str, rank: int) -> str:
+    """The numba signature type of a C-contiguous array, e.g. ``float32[:, ::1]``."""
+    base = {"bool": "boolean"}.get(dtype, dtype)
+    dims = ", ".join([":"] * (rank - 1) + ["::1"])
+    return f"{base}[{dims}]"
+
+
+def signature(args: Sequence[ArgSpec]) -> str:
+    return "void(" + ", ".join(numba_type(a.dtype, len(a.shape)) for a in args) + ")"
+
+
+def decorator(args: Sequence[ArgSpec], parallel: bool, reassoc: bool = True) -> str:
+    """The ``@numba.njit`` line: eager signature, disk cache, numpy error model.
+
+    ``reassoc`` lets LLVM vectorize float reductions (it reorders the sum, which changes only
+    rounding); no other fast-math flag is set, so inf and NaN keep their meaning.
+    """
+    fm = "{'reassoc', 'contract'}" if reassoc else "False"
+    return (
+        f"@numba.njit('{signature(args)}', parallel={parallel}, cache=True, nogil=True,"
+        f" error_model='numpy', fastmath={fm})"
+    )
+
+
+HEADER = "import math\nimport numpy as np\nimport numba\n\n\n"
+
+
+@dataclass
+class Lowered:
+    """A group's nodes with fused normalizations expanded into primitives."""
+
+    nodes: list[Node]
+    values: dict[str, Value]
+    scalars: dict[str, float]  # scalar constants, inlined as literals
+    arrays: dict[str, np.ndarray]  # non-scalar constants, passed as arguments
+
+
+def lower_group(graph: Graph, node_names: Sequence[str]) -> Lowered:
+    """Collect a group's nodes, expanding fused ops, and sort constants into scalars and arrays."""
+    values: dict[str, Value] = dict(graph.values)
+    nodes: list[Node] = []
+    extra_consts: dict[str, np.ndarray] = {}
+    for name in node_names:
+        node = graph.node(name)
+        if node.op in EXPANDABLE:
+            e = expand(node, values)
+            values.update(e.values)
+            extra_consts.update(e.constants)
+            nodes.extend(e.nodes)
+        else:
+            nodes.append(node)
+    scalars: dict[str, float] = {}
+    arrays: dict[str, np.ndarray] = {}
+    read = {i for n in nodes for i in n.inputs}
+    for name in read:
+        arr = extra_consts.get(name, graph.constants.get(name))
+        if arr is None:
+            continue
+        if arr.size == 1 and arr.dtype.kind in "fib":
+            scalars[name] = float(arr.reshape(()))
+        else:
+            arrays[name] = arr
+    return Lowered(nodes, values, scalars, arrays)
+
+
+def align(shape: Shape, rank: int) -> Shape:
+    """Right-align ``shape`` to ``rank`` dims with leading 1s (numpy broadcasting)."""
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+def as_dict(m: Mapping[str, object]) -> dict[str, object]:
+    return dict(m)

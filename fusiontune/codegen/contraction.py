@@ -1,0 +1,205 @@
+"""Contraction kernels: MatMul through BLAS (codegen/blas.py), with the fused epilogue applied in cache.
+
+Without a row block the kernel computes each batch's product into one buffer and then runs the
+epilogue over it in a parallel loop (in place when an output of the same shape can hold it). With
+``row_block = RB`` (MatMulRowSplitFusionPass) it computes RB rows at a time into a small scratch
+block and applies the epilogue to that block while it is still in cache, so the product never
+travels to memory: the split fusion of CANN's model, where the MatMul is split into row blocks
+that each fuse with the epilogue.
+
+When the right operand is a plain weight matrix (no batch dims), the batch dims of the left operand
+are folded into its rows, so the whole layer is one large GEMM.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numba
+import numpy as np
+
+from fusiontune.codegen.common import (
+    HEADER,
+    PARALLEL_MIN_ELEMENTS,
+    ArgSpec,
+    KernelSource,
+    Lowered,
+    NotFusable,
+    align,
+    decorator,
+)
+from fusiontune.ir.ops import get_op
+from fusiontune.codegen.blas import gemm_name
+from fusiontune.codegen.rules import SCALAR_RULES, literal
+from fusiontune.ir.graph import Shape
+
+
+def _batch_view(shape: Shape, out_batch: Shape) -> int:
+    """1 when the operand's batch dims are all broadcast, the full batch when they all match."""
+    b = align(shape[:-2], len(out_batch))
+    if all(d == 1 for d in b):
+        return 1
+    if tuple(b) == tuple(out_batch):
+        return int(np.prod(out_batch))
+    raise NotFusable(f"MatMul operand batch {shape[:-2]} partially broadcasts against {out_batch}")
+
+
+def _epilogue_view(shape: Shape, out: Shape, flat: bool) -> Shape | None:
+    """The (B, M, N) view of an epilogue array, or None when it cannot be expressed."""
+    s = align(shape, len(out))
+    if any(d not in (1, o) for d, o in zip(s, out)):
+        return None
+    batch, m, n = s[:-2], s[-2], s[-1]
+    full_b = tuple(batch) == tuple(out[:-2]) and any(d != 1 for d in out[:-2])
+    ones_b = all(d == 1 for d in batch)
+    if flat:
+        rows = (batch, m)
+        if all(d == 1 for d in (*batch, m)):
+            return (1, 1, n)
+        if tuple(batch) == tuple(out[:-2]) and m == out[-2]:
+            return (1, int(np.prod(out[:-1])), n)
+        return None
+    if not (full_b or ones_b):
+        return None
+    return (int(np.prod(batch)) if full_b else 1, m, n)
+
+
+def generate_contraction_kernel(
+    low: Lowered, inputs: Sequence[str], outputs: Sequence[str], name: str, row_block: int = 0
+) -> KernelSource:
+    """Generate MatMul (+ bias) + elementwise epilogue as one kernel.
+
+    Raises:
+        NotFusable: not exactly one MatMul, an epilogue op that is not elementwise over the
+            MatMul's output, or operands whose broadcasting the kernel does not express.
+    """
+    mms = [n for n in low.nodes if n.op == "MatMul"]
+    if len(mms) != 1:
+        raise NotFusable("a contraction kernel holds exactly one MatMul")
+    mm = mms[0]
+    epi = [n for n in low.nodes if n is not mm]
+    for n in epi:
+        if n.op not in SCALAR_RULES:
+            raise NotFusable(f"{n.op} cannot be a MatMul epilogue")
+    y = mm.outputs[0]
+    oshape = low.values[y].shape
+    for n in epi:
+        for v in (*n.inputs, *n.outputs):
+            if v in low.scalars:
+                continue
+            s = low.values[v].shape
+            if len(s) > len(oshape) or any(d not in (1, o) for d, o in zip(align(s, len(oshape)), oshape)):
+                raise NotFusable(f"epilogue value {v} {s} does not broadcast to {oshape}")
+    for o in outputs:
+        if low.values[o].shape != oshape:
+            raise NotFusable(f"output {o} is not of the MatMul's shape")
+    a, b = mm.inputs[0], mm.inputs[1]
+    bias = mm.inputs[2] if len(mm.inputs) == 3 else None
+    dtype = low.values[y].dtype
+    if low.values[a].dtype != dtype or low.values[b].dtype != dtype or dtype not in ("float32", "float64"):
+        raise NotFusable("MatMul needs float32 or float64 operands of one dtype")
+    ob = oshape[:-2]
+    M, N, K = oshape[-2], oshape[-1], low.values[a].shape[-1]
+    ba, bb = _batch_view(low.values[a].shape, ob), _batch_view(low.values[b].shape, ob)
+    ext = [v for v in inputs if v not in (a, b)]
+    flat = bb == 1 and (ba == int(np.prod(ob)) or not ob) and all(
+        _epilogue_view(low.values[v].shape, oshape, True) is not None for v in (*ext, *outputs)
+    )
+    if flat:
+        BC, MM = 1, int(np.prod(oshape[:-1]))
+        views = {a: (1, MM, K), b: (1, K, N)}
+    else:
+        BC, MM = int(np.prod(ob)), M
+        views = {a: (ba, M, K), b: (bb, K, N)}
+    for v in (*ext, *outputs):
+        view = _epilogue_view(low.values[v].shape, oshape, flat)
+        if view is None:
+            raise NotFusable(f"epilogue array {v} {low.values[v].shape} has no view over {oshape}")
+        views[v] = view
+    args = [ArgSpec(v, views[v], low.values[v].dtype, "in") for v in inputs]
+    args += [ArgSpec(v, views[v], low.values[v].dtype, "out") for v in outputs]
+    an = {x.value: f"a{i}" for i, x in enumerate(args)}
+
+    def idx(v: str, bi: str, r: str, c: str) -> str:
+        vb, vm, vn = views[v]
+        return f"[{bi if vb != 1 else '0'}, {r if vm != 1 else '0'}, {c if vn != 1 else '0'}]"
+
+    # The epilogue body, as statements over locals; `acc` holds the product element.
+    var: dict[str, str] = {s: literal(val, low.values[s].dtype) for s, val in low.scalars.items()}
+    var[y] = "acc"
+    body: list[str] = []
+    if bias is not None:
+        body.append(f"acc = acc + {an[bias]}{{idx_{bias}}}")
+    reads = {i for n in epi for i in n.inputs if i in ext}
+    for v in ext:
+        if v in reads:
+            var[v] = f"e_{an[v]}"
+            body.append(f"{var[v]} = {an[v]}{{idx_{v}}}")
+    for i, n in enumerate(epi):
+        dt = low.values[n.outputs[0]].dtype
+        lit_dt = dt if dt != "bool" else dtype
+        var[n.outputs[0]] = f"v{i}"
+        expr = SCALAR_RULES[n.op]([var[x] for x in n.inputs], {**get_op(n.op).attrs, **n.attrs}, lambda c, d=lit_dt: literal(c, d), dt)
+        body.append(f"v{i} = {expr}")
+    for o in outputs:
+        body.append(f"{an[o]}{{idx_{o}}} = {var[o]}")
+    has_epilogue = bool(epi) or bias is not None
+
+    # Where the product goes when there is no row block: the MatMul output if the group exports
+    # it, else (in place) an output of the same dtype, else a scratch buffer.
+    if y in outputs:
+        acc_buf = an[y]
+    else:
+        same = [o for o in outputs if low.values[o].dtype == dtype]
+        acc_buf = an[same[0]] if same else None
+
+    parallel_rows = BC * MM * N * max(K, 1) >= PARALLEL_MIN_ELEMENTS * 8
+    lines = [decorator(args, parallel=parallel_rows, reassoc=False), f"def {name}({', '.join(an[x.value] for x in args)}):"]
+    emit = lines.append
+    prange = "numba.prange" if parallel_rows else "range"
+
+    def epilogue(indent: str, bi: str, r: str, acc_expr: str) -> None:
+        emit(f"{indent}for c in range({N}):")
+        emit(f"{indent}    acc = {acc_expr}")
+        fill = {f"idx_{v}": idx(v, bi, r, "c") for v in views}
+        for stmt in body:
+            emit(f"{indent}    " + stmt.format(**fill))
+
+    # BLAS runs single-threaded inside numba's parallel loops (see runtime.threads): the product
+    # is cut into row chunks, one per thread, or into the row blocks of the split point.
+    if row_block and has_epilogue:
+        chunk = min(row_block, MM)
+    elif parallel_rows:
+        # The thread count is a literal: numba.get_num_threads() would make the kernel uncacheable.
+        chunk = max(1, -(-MM // max(1, numba.config.NUMBA_NUM_THREADS // BC)))
+    else:
+        chunk = MM
+    size = str(chunk)
+    nblk = str(-(-MM // chunk))
+    if not (row_block and has_epilogue) and acc_buf is None:
+        emit(f"    scratch = np.empty(({BC}, {MM}, {N}), dtype=np.{dtype})")
+        acc_buf = "scratch"
+    emit(f"    nblk = {nblk}")
+    emit(f"    for t in {prange}({BC} * nblk):")
+    emit("        bi = t // nblk")
+    emit(f"        r0 = (t % nblk) * {size}")
+    emit(f"        r1 = min(r0 + {size}, {MM})")
+    gemm = gemm_name(dtype)
+    a_b = "bi" if views[a][0] != 1 else "0"
+    b_b = "bi" if views[b][0] != 1 else "0"
+    if row_block and has_epilogue:
+        emit(f"        blk = np.empty(({chunk}, {N}), dtype=np.{dtype})")
+        emit(f"        {gemm}({an[a]}[{a_b}, r0:r1], {an[b]}[{b_b}], blk[:r1 - r0])")
+        emit("        for r in range(r0, r1):")
+        epilogue("            ", "bi", "r", "blk[r - r0, c]")
+    else:
+        emit(f"        {gemm}({an[a]}[{a_b}, r0:r1], {an[b]}[{b_b}], {acc_buf}[bi, r0:r1])")
+        if has_epilogue:
+            emit(f"    for t in {prange}({BC * MM}):")
+            emit(f"        bi = t // {MM}")
+            emit(f"        r = t % {MM}")
+            epilogue("        ", "bi", "r", f"{acc_buf}[bi, r, c]")
+    source = HEADER.replace("import numba\n", "import numba\nfrom fusiontune.codegen.blas import gemm32, gemm64\n") + "\n".join(lines) + "\n"
+    nbytes = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in args)
+    flops = 2 * BC * MM * N * K + BC * MM * N * len(epi)
+    return KernelSource(name, source, tuple(args), "contraction", nbytes, flops)

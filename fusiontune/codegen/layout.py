@@ -1,0 +1,90 @@
+"""Layout kernels: Reshape, Transpose, Concat, Split and Slice, each a copy loop of its own."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from fusiontune.codegen.common import HEADER, PARALLEL_MIN_ELEMENTS, ArgSpec, KernelSource, NotFusable, decorator
+from fusiontune.ir.graph import Node, Value
+from fusiontune.ir.ops import normalize_axis, slice_index
+
+
+def _loops(shape: Sequence[int], parallel: bool, indent: str = "    ") -> tuple[list[str], str, list[str]]:
+    """Nested loops over ``shape`` (outermost parallel); returns lines, body indent, index vars."""
+    lines: list[str] = []
+    names = [f"i{k}" for k in range(len(shape))]
+    for k, d in enumerate(shape):
+        rng = "numba.prange" if (k == 0 and parallel) else "range"
+        lines.append(f"{indent}for {names[k]} in {rng}({d}):")
+        indent += "    "
+    return lines, indent, names
+
+
+def generate_layout_kernel(node: Node, values: dict[str, Value], name: str) -> KernelSource:
+    """One data-movement kernel for a layout node.
+
+    Raises:
+        NotFusable: ``node`` is not a layout op.
+    """
+    ins = [values[i] for i in node.inputs]
+    outs = [values[o] for o in node.outputs]
+    total = sum(v.size for v in outs)
+    par = total >= PARALLEL_MIN_ELEMENTS
+    body: list[str] = []
+    if node.op == "Reshape":
+        args = [ArgSpec(ins[0].name, (ins[0].size,), ins[0].dtype, "in"), ArgSpec(outs[0].name, (outs[0].size,), outs[0].dtype, "out")]
+        loops, ind, iv = _loops((outs[0].size,), par)
+        body = loops + [f"{ind}a1[{iv[0]}] = a0[{iv[0]}]"]
+    elif node.op == "Transpose":
+        x, y = ins[0], outs[0]
+        perm = node.attr("perm") or tuple(reversed(range(len(x.shape))))
+        args = [ArgSpec(x.name, x.shape, x.dtype, "in"), ArgSpec(y.name, y.shape, y.dtype, "out")]
+        loops, ind, iv = _loops(y.shape, par)
+        src = [""] * len(perm)
+        for k, p in enumerate(perm):
+            src[p] = iv[k]
+        body = loops + [f"{ind}a1[{', '.join(iv)}] = a0[{', '.join(src)}]"]
+    elif node.op in ("Concat", "Split"):
+        whole = outs[0] if node.op == "Concat" else ins[0]
+        parts = ins if node.op == "Concat" else outs
+        axis = normalize_axis(node.attr("axis"), len(whole.shape))
+        outer = int(np.prod(whole.shape[:axis]))
+        inner = int(np.prod(whole.shape[axis + 1 :]))
+        whole_spec = ArgSpec(whole.name, (outer, whole.shape[axis], inner), whole.dtype, "out" if node.op == "Concat" else "in")
+        part_specs = [
+            ArgSpec(p.name, (outer, p.shape[axis], inner), p.dtype, "in" if node.op == "Concat" else "out") for p in parts
+        ]
+        args = part_specs + [whole_spec] if node.op == "Concat" else [whole_spec] + part_specs
+        w = f"a{args.index(whole_spec)}"
+        rng = "numba.prange" if par else "range"
+        body = [f"    for o in {rng}({outer}):"]
+        off = 0
+        for spec in part_specs:
+            p = f"a{args.index(spec)}"
+            ln = spec.shape[1]
+            body.append(f"        for t in range({ln}):")
+            body.append(f"            for i in range({inner}):")
+            if node.op == "Concat":
+                body.append(f"                {w}[o, {off} + t, i] = {p}[o, t, i]")
+            else:
+                body.append(f"                {p}[o, t, i] = {w}[o, {off} + t, i]")
+            off += ln
+    elif node.op == "Slice":
+        x, y = ins[0], outs[0]
+        index = slice_index({**node.attrs}, x.shape)
+        args = [ArgSpec(x.name, x.shape, x.dtype, "in"), ArgSpec(y.name, y.shape, y.dtype, "out")]
+        loops, ind, iv = _loops(y.shape, par)
+        src = []
+        for k, (sl, d) in enumerate(zip(index, x.shape)):
+            start, _, step = sl.indices(d)
+            src.append(f"{start} + {step} * {iv[k]}" if (start, step) != (0, 1) else iv[k])
+        body = loops + [f"{ind}a1[{', '.join(iv)}] = a0[{', '.join(src)}]"]
+    else:
+        raise NotFusable(f"{node.op} is not a layout op")
+    if any(0 in a.shape for a in args):
+        body = ["    return"]
+    lines = [decorator(args, parallel=par, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):", *body]
+    nbytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in args)
+    return KernelSource(name, HEADER + "\n".join(lines) + "\n", tuple(args), "layout", nbytes, 0)

@@ -1,0 +1,272 @@
+"""Loop-nest kernels: elementwise ops and reductions (with their prologue and epilogue) in one kernel.
+
+The kernel's domain is the shape of the group's largest value. Its dims split into *outer* dims,
+run by one flattened ``prange``, and *inner* dims, looped inside it: the reduced axes for a
+reduction group, the last axis for an elementwise one. Adjacent dims of the same class that every
+array broadcasts the same way are coalesced first, so a contiguous elementwise chain becomes one
+flat loop that LLVM vectorizes.
+
+Inside one outer iteration the kernel runs *rounds*. Round k is one pass over the inner dims that
+accumulates every reduction of depth k (a reduction that reads the result of a depth-(k-1) one has
+depth k) and stores every element-level output whose inputs are ready. Per-row values (the
+reduction results and what is computed from them alone) are scalars between rounds. So Softmax is
+three rounds (max; sum of exp; scale) and LayerNorm three (mean; variance; normalize) over data
+that stays in cache, and an AddLayerNorm writes its sum in the first round.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from fusiontune.codegen.common import (
+    HEADER,
+    PARALLEL_MIN_ELEMENTS,
+    ArgSpec,
+    KernelSource,
+    Lowered,
+    NotFusable,
+    align,
+    decorator,
+)
+from fusiontune.ir.ops import get_op
+from fusiontune.codegen.rules import REDUCE_RULES, SCALAR_RULES, literal
+from fusiontune.ir.graph import Node, Shape
+from fusiontune.ir.ops import broadcast_shapes, normalize_axes
+
+
+def plan_domain(low: Lowered, outputs: Sequence[str]) -> tuple[Shape, tuple[int, ...]]:
+    """The kernel's domain and reduced axes; raise NotFusable when the group has no single one."""
+    reductions = [n for n in low.nodes if n.op in REDUCE_RULES]
+    for n in low.nodes:
+        if n.op not in SCALAR_RULES and n.op not in REDUCE_RULES:
+            raise NotFusable(f"{n.op} is not a loop-nest op")
+    if reductions:
+        dom = low.values[reductions[0].inputs[0]].shape
+        axes = normalize_axes(reductions[0].attr("axes"), len(dom))
+        for r in reductions[1:]:
+            s = low.values[r.inputs[0]].shape
+            if s != dom or normalize_axes(r.attr("axes"), len(s)) != axes:
+                raise NotFusable(f"reductions over different domains: {dom}{axes} vs {s}")
+    else:
+        try:
+            dom = broadcast_shapes(*(low.values[o].shape for o in outputs))
+        except ValueError as exc:
+            raise NotFusable(str(exc)) from None
+        axes = ()
+    rank = len(dom)
+    produced_inside = {o for n in low.nodes for o in n.outputs}
+    for n in low.nodes:
+        for v in (*n.inputs, *n.outputs):
+            shape = low.values[v].shape
+            if len(shape) > rank or any(s not in (1, d) for s, d in zip(align(shape, rank), dom)):
+                if not (n.op in REDUCE_RULES and v in n.outputs and not n.attr("keepdims", True)):
+                    raise NotFusable(f"{v} {shape} does not broadcast to the kernel domain {dom}")
+        if n.op in REDUCE_RULES and not n.attr("keepdims", True):
+            users = [m for m in low.nodes if n.outputs[0] in m.inputs]
+            if users:
+                raise NotFusable("a keepdims=False reduction can only end a kernel")
+    reduced = tuple(1 if i in axes else d for i, d in enumerate(dom))
+    for o in outputs:
+        shape = low.values[o].shape
+        prod = next(n for n in low.nodes if o in n.outputs)
+        if prod.op in REDUCE_RULES and not prod.attr("keepdims", True):
+            continue
+        if shape != dom and not (axes and align(shape, rank) == reduced):
+            raise NotFusable(f"output {o} {shape} is neither the domain {dom} nor its reduction")
+        if o not in produced_inside:
+            raise NotFusable(f"output {o} not produced in the group")
+    return dom, axes
+
+
+def _coalesce(dom: Shape, axes: tuple[int, ...], arrays: list[Shape]) -> tuple[list[list[int]], list[bool]]:
+    """Merge adjacent same-class dims that every array broadcasts alike; drop size-1 dims."""
+    keep = [i for i, d in enumerate(dom) if d != 1] or [len(dom) - 1]
+    groups: list[list[int]] = []
+    for i in keep:
+        if groups:
+            j = groups[-1][-1]
+            same_class = (i in axes) == (j in axes)
+            alike = all((a[i] == 1) == (a[j] == 1) for a in arrays)
+            if same_class and alike and j == i - 1:
+                groups[-1].append(i)
+                continue
+        groups.append([i])
+    return groups, [g[0] in axes for g in groups]
+
+
+def generate_loop_kernel(low: Lowered, inputs: Sequence[str], outputs: Sequence[str], name: str) -> KernelSource:
+    """Generate the loop-nest kernel for a lowered group.
+
+    Args:
+        low: the group's primitive nodes and constants.
+        inputs: external values read (graph inputs, other kernels' outputs, array constants).
+        outputs: values the group must write.
+        name: the function name.
+
+    Raises:
+        NotFusable: the nodes do not form one loop nest.
+    """
+    dom, axes = plan_domain(low, outputs)
+    rank = len(dom)
+    aligned = {v: align(low.values[v].shape, rank) for v in (*inputs, *outputs) if len(low.values[v].shape) <= rank}
+    for o in outputs:  # keepdims=False reduction outputs: view them with the reduced dims back
+        if o not in aligned or len(low.values[o].shape) != rank:
+            aligned[o] = tuple(1 if i in axes else d for i, d in enumerate(dom))
+    groups, is_tail = _coalesce(dom, axes, list(aligned.values()))
+    cdom = tuple(int(np.prod([dom[i] for i in g])) for g in groups)
+    cshape = {v: tuple(int(np.prod([s[i] for i in g])) for g in groups) for v, s in aligned.items()}
+    if axes:
+        inner = [k for k, t in enumerate(is_tail) if t]
+    else:
+        inner = [len(cdom) - 1] if len(cdom) > 1 else []
+    outer = [k for k in range(len(cdom)) if k not in inner]
+    loop_var = {k: (f"j{k}" if k in inner else f"i{k}") for k in range(len(cdom))}
+
+    def index(v: str) -> str:
+        return "[" + ", ".join("0" if cshape[v][k] == 1 else loop_var[k] for k in range(len(cdom))) + "]"
+
+    def varies_inner(v: str) -> bool:
+        return any(cshape[v][k] != 1 for k in inner)
+
+    args = [ArgSpec(v, cshape[v], low.values[v].dtype, "in") for v in inputs] + [
+        ArgSpec(v, cshape[v], low.values[v].dtype, "out") for v in outputs
+    ]
+    arg_name = {a.value: f"a{i}" for i, a in enumerate(args)}
+
+    # ---- levels and depths -----------------------------------------------------------------
+    var: dict[str, str] = {}
+    element: dict[str, bool] = {}
+    depth: dict[str, int] = {}  # number of reduction rounds a value waits for
+    for v in inputs:
+        element[v] = varies_inner(v)
+        depth[v] = 0
+    for v in low.scalars:
+        var[v] = literal(low.scalars[v], low.values[v].dtype)
+        element[v] = False
+        depth[v] = 0
+    red_depth: dict[str, int] = {}
+    for n in low.nodes:
+        dep = max((depth[i] for i in n.inputs), default=0)
+        if n.op in REDUCE_RULES:
+            red_depth[n.name] = dep
+            element[n.outputs[0]] = False
+            depth[n.outputs[0]] = dep + 1
+        else:
+            element[n.outputs[0]] = any(element[i] for i in n.inputs)
+            depth[n.outputs[0]] = dep
+    for i, n in enumerate(low.nodes):
+        var[n.outputs[0]] = f"v{i}"
+    # An output is stored inside the loops when its buffer varies along the inner dims, even if
+    # its value does not (an Expand of a per-row value).
+    looped = {o: varies_inner(o) for o in outputs}
+    rounds = 1 + max([d for d in red_depth.values()] + [depth[o] for o in outputs if looped[o]] + [0])
+
+    producer = {n.outputs[0]: n for n in low.nodes}
+    lines: list[str] = []
+    out = lines.append
+
+    def emit_node(n: Node, ind: str) -> None:
+        dtype = low.values[n.outputs[0]].dtype
+        lit_dtype = dtype if dtype != "bool" else low.values[n.inputs[0]].dtype
+        operands = [var[i] for i in n.inputs]
+        if n.op == "Pow" and n.inputs[1] in low.scalars and low.scalars[n.inputs[1]] in (2.0, 3.0):
+            # x*x (x*x*x) instead of pow(): a libm call per element for the commonest exponents.
+            expr = " * ".join([operands[0]] * int(low.scalars[n.inputs[1]]))
+        else:
+            expr = SCALAR_RULES[n.op](operands, {**get_op(n.op).attrs, **n.attrs}, lambda c: literal(c, lit_dtype), dtype)
+        out(f"{ind}{var[n.outputs[0]]} = {expr}")
+
+    def element_closure(targets: list[str]) -> list[Node]:
+        need: set[str] = set()
+        stack = list(targets)
+        while stack:
+            v = stack.pop()
+            if v in need or v not in producer or not element[v]:
+                continue
+            need.add(v)
+            stack.extend(producer[v].inputs)
+        return [n for n in low.nodes if n.outputs[0] in need]
+
+    # ---- the loops ------------------------------------------------------------------------------
+    n_outer = int(np.prod([cdom[k] for k in outer])) if outer else 1
+    parallel = n_outer > 1 and int(np.prod(cdom)) >= PARALLEL_MIN_ELEMENTS
+    out(decorator(args, parallel))
+    out(f"def {name}({', '.join(arg_name[a.value] for a in args)}):")
+    rng = "numba.prange" if parallel else "range"
+    out(f"    for f in {rng}({n_outer}):")
+    ind = "        "
+    stride = 1
+    for k in reversed(outer):
+        if len(outer) == 1:
+            out(f"{ind}i{k} = f")
+        elif k == outer[0]:
+            out(f"{ind}i{k} = f // {stride}")
+        else:
+            out(f"{ind}i{k} = (f // {stride}) % {cdom[k]}" if stride > 1 else f"{ind}i{k} = f % {cdom[k]}")
+        stride *= cdom[k]
+    for v in inputs:
+        if not element[v]:
+            out(f"{ind}{var.setdefault(v, 'x_' + arg_name[v])} = {arg_name[v]}{index(v)}")
+    for v in inputs:
+        if element[v]:
+            var[v] = "e_" + arg_name[v]
+    done_lead: set[str] = set()
+
+    def emit_lead(ready_depth: int) -> None:
+        for n in low.nodes:
+            o = n.outputs[0]
+            if n.op in REDUCE_RULES or element[o] or o in done_lead or depth[o] > ready_depth:
+                continue
+            emit_node(n, ind)
+            done_lead.add(o)
+            if o in outputs and not looped[o]:
+                out(f"{ind}{arg_name[o]}{index(o)} = {var[o]}")
+
+    emit_lead(0)
+    for r in range(rounds):
+        reds = [n for n in low.nodes if n.op in REDUCE_RULES and red_depth[n.name] == r]
+        stores = [o for o in outputs if looped[o] and depth[o] == r]
+        if not reds and not stores:
+            continue
+        for n in reds:
+            init = literal(REDUCE_RULES[n.op][0], low.values[n.outputs[0]].dtype)
+            out(f"{ind}acc_{var[n.outputs[0]]} = {init}")
+        loop_ind = ind
+        for k in inner:
+            out(f"{loop_ind}for j{k} in range({cdom[k]}):")
+            loop_ind += "    "
+        targets = [n.inputs[0] for n in reds] + stores
+        reads = {i for n in element_closure(targets) for i in n.inputs} | set(targets)
+        for v in inputs:
+            if element[v] and v in reads:
+                out(f"{loop_ind}{var[v]} = {arg_name[v]}{index(v)}")
+        for n in element_closure(targets):
+            emit_node(n, loop_ind)
+        for n in reds:
+            upd = REDUCE_RULES[n.op][1].format(acc=f"acc_{var[n.outputs[0]]}", v=var[n.inputs[0]])
+            out(f"{loop_ind}{upd}")
+        for o in stores:
+            out(f"{loop_ind}{arg_name[o]}{index(o)} = {var[o]}")
+        for n in reds:
+            count = int(np.prod([dom[a] for a in axes]))
+            inv = literal(1.0 / count, low.values[n.outputs[0]].dtype)
+            fin = REDUCE_RULES[n.op][2].format(acc=f"acc_{var[n.outputs[0]]}", inv_n=inv)
+            out(f"{ind}{var[n.outputs[0]]} = {fin}")
+            done_lead.add(n.outputs[0])
+            if n.outputs[0] in outputs and not looped[n.outputs[0]]:
+                out(f"{ind}{arg_name[n.outputs[0]]}{index(n.outputs[0])} = {var[n.outputs[0]]}")
+        emit_lead(r + 1)
+    missing = [o for o in outputs if not looped[o] and o not in done_lead]
+    if missing:
+        raise NotFusable(f"outputs never stored: {missing}")
+    source = HEADER + "\n".join(lines) + "\n"
+    nbytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in args)
+    flops = int(np.prod(dom)) * len(low.nodes)
+    return KernelSource(name, source, tuple(args), "loop", nbytes, flops)
+
+
+def domain_size(shape: Shape) -> int:
+    return int(math.prod(shape))

@@ -1,0 +1,76 @@
+"""Choose the kernel template for a group and generate its source.
+
+A group with a MatMul is a contraction kernel; a single layout node is a layout kernel; anything
+else is a loop nest. UBFusion passes ask :func:`check_fusable` before they merge groups, so every
+group they form is one that a template can run as one kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from fusiontune.codegen.common import KernelSource, NotFusable, lower_group
+from fusiontune.codegen.contraction import generate_contraction_kernel
+from fusiontune.codegen.layout import generate_layout_kernel
+from fusiontune.codegen.loopnest import generate_loop_kernel
+from fusiontune.codegen.rules import LAYOUT_OPS
+from fusiontune.ir.graph import Graph
+from fusiontune.passes.fused_graph import FusedGraph, Group
+
+KERNEL_NAME = "kernel"
+
+
+def group_io(graph: Graph, node_names: Sequence[str], readers_outside: dict[str, bool] | None = None) -> tuple[list[str], list[str]]:
+    """External inputs (non-scalar) and exported outputs of a set of nodes."""
+    inside = set(node_names)
+    produced: dict[str, None] = {}
+    for n in node_names:
+        for o in graph.node(n).outputs:
+            produced[o] = None
+    ins: dict[str, None] = {}
+    for n in node_names:
+        for i in graph.node(n).inputs:
+            if i not in produced:
+                arr = graph.constants.get(i)
+                if arr is not None and arr.size == 1 and arr.dtype.kind in "fib":
+                    continue
+                ins[i] = None
+    outside = {i for n in graph.nodes if n.name not in inside for i in n.inputs}
+    outs = [o for o in produced if o in outside or o in graph.outputs]
+    return list(ins), outs
+
+
+def kernel_source(graph: Graph, node_names: Sequence[str], schedule: dict[str, int] | None = None) -> KernelSource:
+    """Generate the kernel for a set of nodes of ``graph``.
+
+    Raises:
+        NotFusable: no template runs these nodes as one kernel.
+    """
+    schedule = schedule or {}
+    inputs, outputs = group_io(graph, node_names)
+    if not outputs:
+        raise NotFusable("the group produces nothing anyone reads")
+    ops = [graph.node(n).op for n in node_names]
+    if any(op in LAYOUT_OPS for op in ops):
+        if len(node_names) != 1:
+            raise NotFusable("layout ops run as kernels of their own")
+        node = graph.node(node_names[0])
+        return generate_layout_kernel(node, dict(graph.values), KERNEL_NAME)
+    low = lower_group(graph, node_names)
+    if "MatMul" in ops:
+        return generate_contraction_kernel(low, inputs, outputs, KERNEL_NAME, int(schedule.get("row_block", 0)))
+    return generate_loop_kernel(low, inputs, outputs, KERNEL_NAME)
+
+
+def check_fusable(graph: Graph, node_names: Sequence[str], schedule: dict[str, int] | None = None) -> str | None:
+    """None when the nodes make one kernel, else the reason they do not."""
+    try:
+        kernel_source(graph, node_names, schedule)
+    except NotFusable as exc:
+        return str(exc)
+    return None
+
+
+def group_sources(fused: FusedGraph) -> list[tuple[Group, KernelSource]]:
+    """Kernel source for every group, in execution order."""
+    return [(g, kernel_source(fused.graph, g.nodes, dict(g.schedule))) for g in fused.groups]

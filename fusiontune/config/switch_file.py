@@ -1,0 +1,365 @@
+"""CANN ``fusion_switch.cfg``: read and write its JSON form and its line form.
+
+JSON form (what ATC, GE and TorchAir read)::
+
+    {"Switch": {"GraphFusion": {"ALL": "off", "SoftmaxFusionPass": "on"},
+                "UBFusion": {"ALL": "off"}}}
+
+Line form: one ``PassName:on`` / ``PassName:off`` per line; ``ALL:off`` (both sections),
+``GraphFusion.ALL:off`` / ``UBFusion.ALL:off`` (one section); ``#`` comments and blank lines.
+
+Both resolve CANN's way (:meth:`FusionConfig.resolve`): registry defaults, then ``ALL`` of each
+section, then the named passes, whatever order they are written in. Non-switchable passes stay on.
+MindSpore aliases are accepted when reading; files are always written with CANN names. Split
+points never go into the cfg, which must stay loadable by CANN tools: they live in the
+``best_config.json`` sidecar (:meth:`FusionConfig.to_json`), and :func:`load_config` reads either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fusiontune.config.fusion_config import ConfigError, FusionConfig
+from fusiontune.passes.base import KINDS, PassInfo
+from fusiontune.passes.registry import PASSES, closest, lookup
+
+_ON_OFF = {"on": True, "off": False}
+_BEST_CONFIG_KEYS = frozenset(KINDS) | {"split_points"}
+
+
+class _Pairs(list):  # type: ignore[type-arg]
+    """A JSON object kept as its (key, value) pairs, so duplicate keys can be reported."""
+
+
+# ---- reading -------------------------------------------------------------------------------------
+def read_text(path: str | os.PathLike[str]) -> str:
+    """Read a configuration file as text, turning OS errors into one-line ConfigErrors.
+
+    Args:
+        path: the file.
+
+    Returns:
+        Its text (a UTF-8 byte-order mark, which Windows editors add, is dropped).
+
+    Raises:
+        ConfigError: the file does not exist, is a directory, cannot be read, or is not UTF-8.
+    """
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, expected a file") from None
+    except PermissionError:
+        raise ConfigError(f"{p}: permission denied") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not a UTF-8 text file (byte {e.start})") from None
+
+
+def load_switch_file(path: str | os.PathLike[str]) -> FusionConfig:
+    """Read a ``fusion_switch.cfg`` in either form (detected from its first character).
+
+    Args:
+        path: the cfg file.
+
+    Returns:
+        The resolved configuration; split points at 0.
+
+    Raises:
+        ConfigError: one line naming the file and the key that is wrong.
+    """
+    return loads_switch(read_text(path), str(path))
+
+
+def loads_switch(text: str, source: str = "fusion_switch.cfg") -> FusionConfig:
+    """Parse the text of a ``fusion_switch.cfg``: JSON form if it starts with ``{``, else line form.
+
+    Args:
+        text: the file's content.
+        source: the file name used in error messages.
+
+    Returns:
+        The resolved configuration; split points at 0.
+
+    Raises:
+        ConfigError: malformed JSON (with line and column), a missing ``Switch`` key, an unknown
+            section or pass (with the closest known names), a pass in the wrong section, a value
+            other than "on"/"off", an explicit off of a non-switchable pass, or conflicting entries.
+    """
+    if text.lstrip().startswith(("{", "[")):
+        return _from_json(decode_json(text, source), source)
+    return _from_lines(text, source)
+
+
+def load_config(
+    path: str | os.PathLike[str], splits: Mapping[str, int] | None = None
+) -> FusionConfig:
+    """Read a ``fusion_switch.cfg`` (either form) or a ``best_config.json``, plus split points.
+
+    Args:
+        path: a cfg file, or a ``best_config.json`` written by :meth:`FusionConfig.to_json`
+            (recognised by its top-level ``GraphFusion`` / ``UBFusion`` / ``split_points`` keys).
+        splits: extra split points, ``"Pass.point" -> value``, that override the file's; the pass
+            may be named by its MindSpore alias.
+
+    Returns:
+        The resolved configuration.
+
+    Raises:
+        ConfigError: anything wrong in the file or the split points, in one line.
+    """
+    source = str(path)
+    text = read_text(path)
+    if text.lstrip().startswith(("{", "[")):
+        data = decode_json(text, source)
+        keys = {k for k, _ in data} if isinstance(data, _Pairs) else set()
+        if "Switch" not in keys and keys & _BEST_CONFIG_KEYS:
+            config = FusionConfig.from_json(_plain(data), source)
+        else:
+            config = _from_json(data, source)
+    else:
+        config = _from_lines(text, source)
+    if not splits:
+        return config
+    merged = dict(config.split_points)
+    for key, value in splits.items():
+        pass_name, dot, point = key.partition(".")
+        info = lookup(pass_name)
+        merged[f"{info.name}.{point}" if info and dot else key] = value
+    return FusionConfig.resolve(
+        explicit=dict(config.switches), split_points=merged, source=f"{source} + split points"
+    )
+
+
+def decode_json(text: str, source: str) -> Any:
+    """``json.loads`` with objects kept as pairs, and a ``file:line:col`` message on bad JSON."""
+    try:
+        return json.loads(text, object_pairs_hook=_Pairs)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{source}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, _Pairs):
+        return {k: _plain(v) for k, v in value}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, _Pairs):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return json.dumps(value)
+
+
+def _object(value: Any, key: str, source: str) -> list[tuple[str, Any]]:
+    if not isinstance(value, _Pairs):
+        raise ConfigError(f"{source}: {key}: expected an object, got {_describe(value)}")
+    seen: set[str] = set()
+    for k, _ in value:
+        if k in seen:
+            raise ConfigError(f"{source}: {key}.{k}: duplicate key")
+        seen.add(k)
+    return list(value)
+
+
+def _pass_hint(name: str) -> str:
+    found = [info.name for n in closest(name, n=6) if (info := lookup(n)) is not None]
+    return ", ".join(list(dict.fromkeys(found))[:3]) or "none"
+
+
+class _Switches:
+    """ALL values and explicit entries as a file states them, checked as they arrive."""
+
+    def __init__(self, source: str, section_prefix: str) -> None:
+        self.source = source
+        self.section_prefix = section_prefix
+        self.all: dict[str, tuple[bool, str]] = {}
+        self.explicit: dict[str, tuple[bool, str]] = {}
+
+    def value(self, raw: Any, key: str) -> bool:
+        if not isinstance(raw, str) or raw not in _ON_OFF:
+            raise ConfigError(f'{self.source}: {key}: expected "on" or "off", got {_describe(raw)}')
+        return _ON_OFF[raw]
+
+    def set_all(self, kind: str, on: bool, key: str, label: str | None = None) -> None:
+        before = self.all.get(kind)
+        if before is not None and before[0] != on:
+            raise ConfigError(f"{self.source}: {key}: conflicts with {before[1]}")
+        self.all[kind] = (on, label or key)
+
+    def set_pass(
+        self, name: str, section: str | None, on: bool, key: str, label: str | None = None
+    ) -> None:
+        info: PassInfo | None = lookup(name)
+        if info is None:
+            raise ConfigError(
+                f"{self.source}: {key}: unknown pass (closest known: {_pass_hint(name)})"
+            )
+        if section is not None and section != info.kind:
+            raise ConfigError(
+                f"{self.source}: {key}: {info.name} is a {info.kind} pass; "
+                f"it belongs under {self.section_prefix}{info.kind}"
+            )
+        if not on and not info.switchable:
+            raise ConfigError(
+                f"{self.source}: {key}: {info.name} cannot be switched off: it is needed for "
+                'correctness ("ALL":"off" leaves it on)'
+            )
+        before = self.explicit.get(info.name)
+        if before is not None and before[0] != on:
+            raise ConfigError(f"{self.source}: {key}: conflicts with {before[1]}")
+        self.explicit[info.name] = (on, label or key)
+
+    def resolve(self) -> FusionConfig:
+        return FusionConfig.resolve(
+            all_switch={k: on for k, (on, _) in self.all.items()},
+            explicit={k: on for k, (on, _) in self.explicit.items()},
+            source=self.source,
+        )
+
+
+def _from_json(data: Any, source: str) -> FusionConfig:
+    top = _object(data, "top level", source)
+    keys = [k for k, _ in top]
+    if "Switch" not in keys:
+        found = ", ".join(keys) or "none"
+        raise ConfigError(
+            f'{source}: Switch: missing key (expected {{"Switch":{{"GraphFusion":{{...}},'
+            f'"UBFusion":{{...}}}}}}, found keys: {found})'
+        )
+    for k in keys:
+        if k != "Switch":
+            raise ConfigError(f'{source}: {k}: unknown key (the only top-level key is "Switch")')
+    switches = _Switches(source, "Switch.")
+    for section, body in _object(dict(top)["Switch"], "Switch", source):
+        key = f"Switch.{section}"
+        if section not in KINDS:
+            raise ConfigError(
+                f"{source}: {key}: unknown section (expected GraphFusion or UBFusion)"
+            )
+        for name, raw in _object(body, key, source):
+            on = switches.value(raw, f"{key}.{name}")
+            if name == "ALL":
+                switches.set_all(section, on, f"{key}.ALL")
+            else:
+                switches.set_pass(name, section, on, f"{key}.{name}")
+    return switches.resolve()
+
+
+def _from_lines(text: str, source: str) -> FusionConfig:
+    switches = _Switches(source, "")
+    for lineno, raw_line in enumerate(text.splitlines(), 1):
+        line = raw_line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{source}:{lineno}"
+        name, sep, raw = (part.strip() for part in line.partition(":"))
+        if not sep or not name:
+            raise ConfigError(f"{where}: expected PassName:on or PassName:off, got {line!r}")
+        switches.source = where
+        on = switches.value(raw, name)
+        section, _, pass_name = name.rpartition(".")
+        if section and section not in KINDS:
+            raise ConfigError(
+                f"{where}: {name}: unknown section {section!r} (expected GraphFusion or UBFusion)"
+            )
+        if pass_name == "ALL":
+            for kind in (section,) if section else KINDS:
+                switches.set_all(kind, on, name, f"{name} (line {lineno})")
+        else:
+            switches.set_pass(pass_name, section or None, on, name, f"{name} (line {lineno})")
+    switches.source = source
+    return switches.resolve()
+
+
+# ---- writing -------------------------------------------------------------------------------------
+def _sections(config: FusionConfig, minimal: bool) -> dict[str, dict[str, str]]:
+    """Per kind: every switchable pass, or (minimal) ALL = the majority value plus exceptions.
+
+    The minimal form always states ALL, so it means the same to a CANN tool whose own defaults
+    differ from this registry's.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for kind in KINDS:
+        passes = [p for p in PASSES if p.kind == kind and p.switchable]
+        states = {p.name: config.switches[p.name] for p in passes}
+        if not minimal:
+            out[kind] = {name: "on" if on else "off" for name, on in states.items()}
+            continue
+        if not passes:
+            out[kind] = {}
+            continue
+        all_on = 2 * sum(states.values()) >= len(states)
+        section = {"ALL": "on" if all_on else "off"}
+        section.update({n: "on" if on else "off" for n, on in states.items() if on != all_on})
+        out[kind] = section
+    return out
+
+
+def dump_switch_json(config: FusionConfig, minimal: bool = False) -> str:
+    """Render the JSON form of ``fusion_switch.cfg``.
+
+    Args:
+        config: the configuration; its split points are not written (see module docstring).
+        minimal: False: every switchable pass explicitly, in registry order. True: the shortest
+            equivalent, ``"ALL"`` (the majority value) plus the exceptions, per section.
+
+    Returns:
+        Pretty-printed JSON ending in a newline; loading it gives back ``config``'s switches.
+    """
+    return json.dumps({"Switch": _sections(config, minimal)}, indent=4) + "\n"
+
+
+def dump_switch_lines(config: FusionConfig, minimal: bool = False) -> str:
+    """Render the line form of ``fusion_switch.cfg``: one ``PassName:on|off`` per line.
+
+    Args:
+        config: the configuration; its split points are not written.
+        minimal: write ``GraphFusion.ALL:x`` / ``UBFusion.ALL:x`` plus the exceptions instead of
+            every switchable pass.
+
+    Returns:
+        The text, ending in a newline (no comments, so stricter readers accept it too).
+    """
+    lines = []
+    for kind, section in _sections(config, minimal).items():
+        for name, value in section.items():
+            lines.append(f"{kind}.ALL:{value}" if name == "ALL" else f"{name}:{value}")
+    return "\n".join(lines) + "\n"
+
+
+def write_switch_file(
+    config: FusionConfig,
+    path: str | os.PathLike[str],
+    *,
+    form: str = "json",
+    minimal: bool = False,
+) -> Path:
+    """Write ``config`` as a ``fusion_switch.cfg`` (``form``: ``"json"`` or ``"lines"``).
+
+    Args:
+        config: the configuration; split points are not written.
+        path: the file to write; its folder is created.
+        form: ``"json"`` (what CANN reads) or ``"lines"``.
+        minimal: ALL plus exceptions instead of every pass.
+
+    Returns:
+        The path written.
+    """
+    if form not in ("json", "lines"):
+        raise ValueError(f"form must be 'json' or 'lines', got {form!r}")
+    dump = dump_switch_json if form == "json" else dump_switch_lines
+    text = dump(config, minimal)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
+    return p

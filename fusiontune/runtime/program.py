@@ -1,0 +1,195 @@
+"""Program: the compiled kernels of a fused graph, in order, over a preallocated buffer plan.
+
+Building a program generates and compiles one kernel per group and plans every intermediate
+buffer once: a value's buffer returns to a free pool after the last kernel that reads it, and a
+later value of at most its size takes it (best fit), so the peak memory is what is live at once,
+not the sum of all values. Every kernel argument is a view prepared at build time, so one run is
+a plain loop of kernel calls with no allocation and no reshaping.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from fusiontune.codegen.cache import compile_kernel
+from fusiontune.codegen.common import KernelSource
+from fusiontune.codegen.plan import group_sources
+from fusiontune.ir.graph import Graph
+from fusiontune.passes.fused_graph import FusedGraph, Group
+from fusiontune.runtime.threads import single_threaded_blas
+
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One kernel of a program, for reports: its group, template, cost model and compile record."""
+
+    group: str
+    nodes: tuple[str, ...]
+    kind: str
+    key: str
+    bytes_moved: int
+    flops: int
+    compile_s: float
+    cache: str
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """Where each value lives: a slot index per value, slot sizes, and the resulting byte counts."""
+
+    slot_of: Mapping[str, int]
+    slot_bytes: tuple[int, ...]
+    io_bytes: int
+    naive_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        """Planned peak: every slot (intermediates reuse them) plus inputs, outputs and constants."""
+        return sum(self.slot_bytes) + self.io_bytes
+
+
+def _round(n: int) -> int:
+    return max(ALIGN, -(-n // ALIGN) * ALIGN)
+
+
+def plan_buffers(fused: FusedGraph) -> BufferPlan:
+    """Assign every intermediate value a slot, reusing slots whose value is dead.
+
+    Inputs, outputs and constants are not planned (they live for the whole run). A kernel's
+    outputs are allocated before its inputs are released, so no kernel writes a buffer it reads.
+    """
+    g = fused.graph
+    kernels = [(grp, fused.group_inputs(grp), fused.group_outputs(grp)) for grp in fused.groups]
+    pinned = set(g.inputs) | set(g.outputs) | set(g.constants)
+    last_use: dict[str, int] = {}
+    for k, (_, ins, _) in enumerate(kernels):
+        for v in ins:
+            last_use[v] = k
+    slot_of: dict[str, int] = {}
+    slot_bytes: list[int] = []
+    free: list[int] = []
+    naive = 0
+    for k, (_, ins, outs) in enumerate(kernels):
+        for v in outs:
+            if v in pinned:
+                continue
+            need = _round(g.values[v].nbytes)
+            naive += need
+            fits = [s for s in free if slot_bytes[s] >= need]
+            if fits:
+                best = min(fits, key=lambda s: slot_bytes[s])
+                free.remove(best)
+            elif free:
+                # Grow the largest free slot rather than open a new one.
+                best = max(free, key=lambda s: slot_bytes[s])
+                free.remove(best)
+                slot_bytes[best] = need
+            else:
+                best = len(slot_bytes)
+                slot_bytes.append(need)
+            slot_of[v] = best
+        for v in dict.fromkeys(ins):
+            if v in slot_of and last_use.get(v) == k:
+                free.append(slot_of[v])
+        for v in outs:  # produced but never read again (e.g. a side output nobody needs)
+            if v in slot_of and v not in last_use:
+                free.append(slot_of[v])
+    io = sum(_round(g.values[v].nbytes) for v in pinned if v in g.values)
+    naive += io
+    return BufferPlan(slot_of, tuple(slot_bytes), io, naive)
+
+
+class Program:
+    """A runnable fused program.
+
+    Attributes:
+        graph: the fused graph it runs.
+        kernels: per-kernel records, in execution order.
+        plan: the buffer plan.
+        compile_s: total seconds spent obtaining kernels (compile or cache load).
+    """
+
+    def __init__(self, fused: FusedGraph) -> None:
+        single_threaded_blas()
+        self.fused = fused
+        self.graph: Graph = fused.graph
+        sources = group_sources(fused)
+        self.plan = plan_buffers(fused)
+        self._slots = [np.empty(n, dtype=np.uint8) for n in self.plan.slot_bytes]
+        self._arrays: dict[str, np.ndarray] = {}
+        for name in self.graph.inputs:
+            v = self.graph.values[name]
+            self._arrays[name] = np.empty(v.shape, dtype=v.dtype)
+        for name, arr in self.graph.constants.items():
+            self._arrays[name] = np.ascontiguousarray(arr)
+        for name in self.graph.outputs:
+            if name not in self._arrays:
+                v = self.graph.values[name]
+                self._arrays[name] = np.empty(v.shape, dtype=v.dtype)
+        for name, slot in self.plan.slot_of.items():
+            v = self.graph.values[name]
+            self._arrays[name] = self._slots[slot][: v.nbytes].view(v.dtype).reshape(v.shape)
+        self._calls: list[tuple[Callable[..., None], tuple[np.ndarray, ...]]] = []
+        infos: list[KernelInfo] = []
+        t0 = time.perf_counter()
+        for group, src in sources:
+            compiled = compile_kernel(src)
+            args = tuple(self._view(a.value, a.shape) for a in src.args)
+            self._calls.append((compiled.fn, args))
+            infos.append(_info(group, src, compiled.seconds, compiled.source, compiled.key))
+        self.compile_s = time.perf_counter() - t0
+        self.kernels = tuple(infos)
+        self._bound: dict[str, np.ndarray] = {}
+        self._outputs = {name: self._arrays[name] for name in self.graph.outputs}
+
+    def _view(self, value: str, shape: tuple[int, ...]) -> np.ndarray:
+        arr = self._arrays.get(value)
+        if arr is None:
+            raise KeyError(f"value {value} has no buffer (a group reads a value nobody produced)")
+        return arr.reshape(shape)
+
+    @property
+    def kernel_count(self) -> int:
+        return len(self._calls)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.plan.peak_bytes
+
+    def bind(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Copy ``inputs`` into the input buffers (skipped for arrays bound last time)."""
+        for name in self.graph.inputs:
+            arr = inputs[name]
+            if self._bound.get(name) is arr:
+                continue
+            np.copyto(self._arrays[name], arr, casting="same_kind")
+            self._bound[name] = arr
+
+    def execute(self) -> None:
+        """Run every kernel once over the bound inputs."""
+        for fn, args in self._calls:
+            fn(*args)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Bind, execute, and return the outputs (views of the program's buffers: copy to keep)."""
+        self.bind(inputs)
+        self.execute()
+        return dict(self._outputs)
+
+    def describe(self) -> list[str]:
+        return [f"{k.group}: {k.kind} over {len(k.nodes)} node(s)" for k in self.kernels]
+
+
+def _info(group: Group, src: KernelSource, seconds: float, cache: str, key: str) -> KernelInfo:
+    return KernelInfo(group.name, group.nodes, src.kind, key, src.bytes_moved, src.flops, seconds, cache)
+
+
+def build_program(fused: FusedGraph) -> Program:
+    """Generate, compile and plan ``fused`` into a runnable :class:`Program`."""
+    return Program(fused)
