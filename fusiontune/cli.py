@@ -216,21 +216,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- run (stub: implemented in fusiontune.runner) ------------------------------------------------
+# ---- run -------------------------------------------------------------------------------------------
 def _cmd_run(args: argparse.Namespace) -> int:
-    # STUB: fusiontune.runner is written separately; imported lazily so `passes` and `convert`
-    # never pay for numba and the codegen stack.
-    try:
-        from fusiontune.runner import run_command
-    except ModuleNotFoundError as e:
-        if e.name != "fusiontune.runner":
-            raise
-        raise UserError("run: not available yet (fusiontune.runner is not installed)") from None
+    # Imported lazily so that `passes` and `convert` never pay for numba and the codegen stack.
+    from fusiontune.runner import run_command
+
     return int(run_command(args))
-
-
-# STUB: `tune`, `report` and `bisect` get their subparsers here once fusiontune.tune,
-# fusiontune.report and fusiontune.bisect exist; each dispatches through a lazy import like `run`.
 
 
 # ---- parser and entry point ----------------------------------------------------------------------
@@ -289,6 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a workload size, e.g. batch=8 (repeatable)",
     )
     p.add_argument("--repeat", metavar="N", type=int, help="timed repeats")
+    p.add_argument(
+        "--vs-all-off",
+        action="store_true",
+        help="also time the all-off program, interleaved, and print the speedup",
+    )
+    p.add_argument("--out", metavar="DIR", help="where fusion_result.json goes (default results/run_<workload>)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_run)
     return parser

@@ -95,8 +95,13 @@ class Lowered:
     arrays: dict[str, np.ndarray]  # non-scalar constants, passed as arguments
 
 
-def lower_group(graph: Graph, node_names: Sequence[str]) -> Lowered:
-    """Collect a group's nodes, expanding fused ops, and sort constants into scalars and arrays."""
+def lower_group(graph: Graph, node_names: Sequence[str], keep: Sequence[str] = ()) -> Lowered:
+    """Collect a group's nodes, expanding fused ops, and sort constants into scalars and arrays.
+
+    Common subexpressions are merged (an expansion recomputes ``x - max`` and ``exp`` for its
+    elementwise part so that it can be split; inside one kernel they are computed once). Values
+    in ``keep`` (the group's outputs) are never merged away.
+    """
     values: dict[str, Value] = dict(graph.values)
     nodes: list[Node] = []
     extra_consts: dict[str, np.ndarray] = {}
@@ -109,6 +114,7 @@ def lower_group(graph: Graph, node_names: Sequence[str]) -> Lowered:
             nodes.extend(e.nodes)
         else:
             nodes.append(node)
+    nodes = _cse(nodes, set(keep))
     scalars: dict[str, float] = {}
     arrays: dict[str, np.ndarray] = {}
     read = {i for n in nodes for i in n.inputs}
@@ -121,6 +127,24 @@ def lower_group(graph: Graph, node_names: Sequence[str]) -> Lowered:
         else:
             arrays[name] = arr
     return Lowered(nodes, values, scalars, arrays)
+
+
+def _cse(nodes: list[Node], keep: set[str]) -> list[Node]:
+    seen: dict[tuple[object, ...], str] = {}
+    rename: dict[str, str] = {}
+    out: list[Node] = []
+    for n in nodes:
+        ins = tuple(rename.get(i, i) for i in n.inputs)
+        if ins != n.inputs:
+            n = Node(n.name, n.op, ins, n.outputs, n.attrs, n.origin)
+        key = (n.op, ins, tuple(sorted(n.attrs.items())))
+        if len(n.outputs) == 1 and key in seen and n.outputs[0] not in keep:
+            rename[n.outputs[0]] = seen[key]
+            continue
+        if len(n.outputs) == 1:
+            seen.setdefault(key, n.outputs[0])
+        out.append(n)
+    return out
 
 
 def align(shape: Shape, rank: int) -> Shape:

@@ -34,6 +34,9 @@ from fusiontune.codegen.common import (
 from fusiontune.ir.ops import get_op
 from fusiontune.codegen.rules import REDUCE_RULES, SCALAR_RULES, literal
 from fusiontune.ir.graph import Node, Shape
+
+# Elementwise ops worth a store and a load rather than a recomputation (libm calls).
+EXPENSIVE = frozenset({"Exp", "Log", "Tanh", "Erf", "Sigmoid", "Silu", "Gelu", "SwiGlu", "Pow"})
 from fusiontune.ir.ops import broadcast_shapes, normalize_axes
 
 
@@ -179,12 +182,12 @@ def generate_loop_kernel(low: Lowered, inputs: Sequence[str], outputs: Sequence[
             expr = SCALAR_RULES[n.op](operands, {**get_op(n.op).attrs, **n.attrs}, lambda c: literal(c, lit_dtype), dtype)
         out(f"{ind}{var[n.outputs[0]]} = {expr}")
 
-    def element_closure(targets: list[str]) -> list[Node]:
+    def element_closure(targets: list[str], leaves: set[str] = frozenset()) -> list[Node]:  # type: ignore[assignment]
         need: set[str] = set()
         stack = list(targets)
         while stack:
             v = stack.pop()
-            if v in need or v not in producer or not element[v]:
+            if v in need or v in leaves or v not in producer or not element[v]:
                 continue
             need.add(v)
             stack.extend(producer[v].inputs)
@@ -225,10 +228,34 @@ def generate_loop_kernel(low: Lowered, inputs: Sequence[str], outputs: Sequence[
             if o in outputs and not looped[o]:
                 out(f"{ind}{arg_name[o]}{index(o)} = {var[o]}")
 
-    emit_lead(0)
+    # Which element values each round computes, and which of them to stash: an expensive value
+    # (a transcendental) needed in several rounds is written once into an output buffer that is
+    # stored no earlier than the last of those rounds, and read back instead of recomputed (the
+    # exp of a softmax: computed for the sum, reused for the scaling).
+    plan: list[tuple[list[Node], list[str], list[Node]]] = []
     for r in range(rounds):
         reds = [n for n in low.nodes if n.op in REDUCE_RULES and red_depth[n.name] == r]
         stores = [o for o in outputs if looped[o] and depth[o] == r]
+        plan.append((reds, stores, element_closure([n.inputs[0] for n in reds] + stores) if reds or stores else []))
+    stash: dict[str, tuple[str, int]] = {}  # value -> (host output, round it is written in)
+    hosts: set[str] = set()
+    full = tuple(cdom)
+    for n in low.nodes:
+        v = n.outputs[0]
+        if n.op not in EXPENSIVE or not element[v] or v in outputs:
+            continue
+        used = [r for r, (_, _, nodes) in enumerate(plan) if any(m is n for m in nodes)]
+        if len(used) < 2:
+            continue
+        for o in outputs:
+            if (o not in hosts and looped[o] and cshape[o] == full and depth[o] >= used[-1]
+                    and low.values[o].dtype == low.values[v].dtype):
+                stash[v] = (o, used[0])
+                hosts.add(o)
+                break
+
+    emit_lead(0)
+    for r, (reds, stores, _) in enumerate(plan):
         if not reds and not stores:
             continue
         for n in reds:
@@ -239,12 +266,20 @@ def generate_loop_kernel(low: Lowered, inputs: Sequence[str], outputs: Sequence[
             out(f"{loop_ind}for j{k} in range({cdom[k]}):")
             loop_ind += "    "
         targets = [n.inputs[0] for n in reds] + stores
-        reads = {i for n in element_closure(targets) for i in n.inputs} | set(targets)
+        reuse = {v for v, (_, first) in stash.items() if first < r}
+        nodes = element_closure(targets, reuse)
+        reads = {i for n in nodes for i in n.inputs} | set(targets)
         for v in inputs:
             if element[v] and v in reads:
                 out(f"{loop_ind}{var[v]} = {arg_name[v]}{index(v)}")
-        for n in element_closure(targets):
+        for v in sorted(reuse & reads):
+            host = stash[v][0]
+            out(f"{loop_ind}{var[v]} = {arg_name[host]}{index(host)}")
+        for n in nodes:
             emit_node(n, loop_ind)
+            v = n.outputs[0]
+            if v in stash and stash[v][1] == r:
+                out(f"{loop_ind}{arg_name[stash[v][0]]}{index(stash[v][0])} = {var[v]}")
         for n in reds:
             upd = REDUCE_RULES[n.op][1].format(acc=f"acc_{var[n.outputs[0]]}", v=var[n.inputs[0]])
             out(f"{loop_ind}{upd}")

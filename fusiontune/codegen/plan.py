@@ -56,7 +56,7 @@ def kernel_source(graph: Graph, node_names: Sequence[str], schedule: dict[str, i
             raise NotFusable("layout ops run as kernels of their own")
         node = graph.node(node_names[0])
         return generate_layout_kernel(node, dict(graph.values), KERNEL_NAME)
-    low = lower_group(graph, node_names)
+    low = lower_group(graph, node_names, outputs)
     if "MatMul" in ops:
         return generate_contraction_kernel(low, inputs, outputs, KERNEL_NAME, int(schedule.get("row_block", 0)))
     return generate_loop_kernel(low, inputs, outputs, KERNEL_NAME)

@@ -117,7 +117,11 @@ class GraphBuilder:
         return Tensor(self, name)
 
     def const(self, array: Any, name: str | None = None, dtype: str | None = None) -> Tensor:
-        arr = np.asarray(array, dtype=dtype or (None if isinstance(array, np.ndarray) else self.dtype))
+        arr = np.asarray(array, dtype=dtype)
+        if dtype is None and (arr.dtype.kind == "f" or not isinstance(array, np.ndarray)):
+            # Float weights follow the graph's dtype: a float64 array would silently promote
+            # everything downstream of it.
+            arr = arr.astype(self.dtype)
         name = name or self._fresh("const")
         self.constants[name] = arr
         self.values[name] = Value(name, tuple(arr.shape), str(arr.dtype))

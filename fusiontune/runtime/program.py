@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -58,14 +58,26 @@ def _round(n: int) -> int:
     return max(ALIGN, -(-n // ALIGN) * ALIGN)
 
 
-def plan_buffers(fused: FusedGraph) -> BufferPlan:
+def plan_buffers(fused: FusedGraph, sources: Sequence[KernelSource] | None = None) -> BufferPlan:
     """Assign every intermediate value a slot, reusing slots whose value is dead.
 
     Inputs, outputs and constants are not planned (they live for the whole run). A kernel's
     outputs are allocated before its inputs are released, so no kernel writes a buffer it reads.
+    An output that nothing reads (a Split piece nobody uses) still gets a slot for the kernel to
+    write, free again right after.
+
+    Args:
+        fused: the grouped graph.
+        sources: the kernels' sources, whose arguments say what each kernel reads and writes;
+            generated when not given.
     """
     g = fused.graph
-    kernels = [(grp, fused.group_inputs(grp), fused.group_outputs(grp)) for grp in fused.groups]
+    if sources is None:
+        sources = [src for _, src in group_sources(fused)]
+    kernels = [
+        (grp, [a.value for a in src.args if a.role == "in"], [a.value for a in src.args if a.role == "out"])
+        for grp, src in zip(fused.groups, sources, strict=True)
+    ]
     pinned = set(g.inputs) | set(g.outputs) | set(g.constants)
     last_use: dict[str, int] = {}
     for k, (_, ins, _) in enumerate(kernels):
@@ -120,7 +132,7 @@ class Program:
         self.fused = fused
         self.graph: Graph = fused.graph
         sources = group_sources(fused)
-        self.plan = plan_buffers(fused)
+        self.plan = plan_buffers(fused, [src for _, src in sources])
         self._slots = [np.empty(n, dtype=np.uint8) for n in self.plan.slot_bytes]
         self._arrays: dict[str, np.ndarray] = {}
         for name in self.graph.inputs:

@@ -1,0 +1,39 @@
+# fusiontune: every target creates .venv (and installs the package into it) when it is missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+WORKLOAD ?= transformer_block
+
+.PHONY: setup run test test-fast bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## The main job: fuse, compile and measure a workload with the default passes, against all-off.
+run: $(STAMP)
+	$(BIN)/fusiontune run $(WORKLOAD) --vs-all-off
+
+## Every test tier but bench (fast, slow, ray): what CI runs.
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not bench"
+
+## The fast tier only (the default of a plain `pytest`).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest
+
+## Benchmarks: print figures, never gate anything.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_core.py
+
+lint: $(STAMP)
+	$(BIN)/python -m pip install -q ruff mypy
+	$(BIN)/ruff check fusiontune tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .fusiontune_cache

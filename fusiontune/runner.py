@@ -1,0 +1,219 @@
+"""``fusiontune run``: fuse, compile and measure one workload under one configuration.
+
+It prints what a MindSpore or CANN user looks for after a run: the fusion log in CANN's form, the
+kernel count before and after fusion, the median runtime, the error against the float64
+reference (with the float32 unfused floor beside it), the planned peak memory and, for the seeds'
+small networks, the result itself. It writes ``fusion_result.json`` for the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from fusiontune.config.flags import parse_flags
+from fusiontune.config.fusion_config import ConfigError, FusionConfig
+from fusiontune.config.fusion_result import write_fusion_result
+from fusiontune.config.switch_file import load_config
+from fusiontune.ir.interpreter import run_graph
+from fusiontune.measure import ErrorMetrics, MeasureConfig, Timing, compare, time_callable
+from fusiontune.passes.pipeline import PipelineResult, run_pipeline
+from fusiontune.passes.registry import lookup
+from fusiontune.runtime import Program, build_program
+from fusiontune.workloads import Workload, make_workload
+
+SMALL_OUTPUT = 64  # print outputs up to this many elements, as the seeds print `result: [...]`
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Everything one ``run`` measured."""
+
+    workload: str
+    params: Mapping[str, int]
+    config: FusionConfig
+    pipeline: PipelineResult
+    program: Program
+    kernels_before: int
+    timing: Timing
+    error: ErrorMetrics
+    floor: ErrorMetrics
+    outputs: Mapping[str, np.ndarray]
+
+
+def resolve_config(config_file: Path | None, flags: str | None, splits: list[tuple[str, int]]) -> FusionConfig:
+    """The configuration of a run: a cfg / best_config.json, or flags, or the defaults; plus splits."""
+    split_map: dict[str, int] = {}
+    for name, value in splits:
+        pass_name, dot, point = name.partition(".")
+        info = lookup(pass_name)
+        if not dot or info is None:
+            raise ConfigError(f"--split {name}: expected Pass.point (see `fusiontune passes`)")
+        split_map[f"{info.name}.{point}"] = value
+    if config_file is not None:
+        return load_config(config_file, split_map or None)
+    base = parse_flags(flags) if flags else FusionConfig.defaults()
+    if not split_map:
+        return base
+    return FusionConfig.resolve(explicit=dict(base.switches), split_points={**base.split_points, **split_map}, source="--split")
+
+
+def run_workload(
+    workload: Workload, config: FusionConfig, measure: MeasureConfig = MeasureConfig(), dump_dir: Path | None = None
+) -> RunResult:
+    """Fuse, compile, check and time ``workload`` under ``config``."""
+    pipeline = run_pipeline(workload.graph, config)
+    if dump_dir is not None:
+        from fusiontune.ir.dump import write_stage_dumps
+
+        write_stage_dumps(pipeline.stages, dump_dir)
+    before = run_pipeline(workload.graph, FusionConfig.all_off()).fused.kernel_count
+    program = build_program(pipeline.fused)
+    outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
+    error = compare(outputs, workload.reference)
+    floor = compare(run_graph(workload.graph, workload.inputs, dtype=None), workload.reference)
+    program.bind(workload.inputs)
+    timing = time_callable(program.execute, measure)
+    return RunResult(workload.name, dict(workload.params), config, pipeline, program, before, timing, error, floor, outputs)
+
+
+def _fmt_time(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _error_text(e: ErrorMetrics) -> str:
+    return f"max_abs {e.max_abs:.3g}  max_rel {e.max_rel:.3g}  rel_l2 {e.rel_l2:.3g}  cosine {e.cosine:.3g}"
+
+
+def _compare_all_off(workload: Workload, program: Program, measure: MeasureConfig) -> tuple[Timing, Timing]:
+    """Time the configured program and the all-off program interleaved (same noise for both)."""
+    off = build_program(run_pipeline(workload.graph, FusionConfig.all_off()).fused)
+    off.bind(workload.inputs)
+    program.bind(workload.inputs)
+    rounds = max(3, measure.repeat)
+    one = MeasureConfig(warmup=measure.warmup, number=measure.number, repeat=1, min_repeat_ms=measure.min_repeat_ms)
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(rounds):
+        a.extend(time_callable(program.execute, one).samples_s)
+        b.extend(time_callable(off.execute, one).samples_s)
+    number = max(1, measure.number)
+    return Timing.from_samples(tuple(a), number), Timing.from_samples(tuple(b), number)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The ``run`` subcommand."""
+    sizes = dict(args.size)
+    workload = make_workload(args.workload, **sizes)
+    config = resolve_config(args.config, args.flags, list(args.split))
+    measure = MeasureConfig(repeat=args.repeat or 9, min_repeat_ms=5.0)
+    t0 = time.perf_counter()
+    result = run_workload(workload, config, measure, args.dump_graphs)
+    out_dir = Path(args.out) if getattr(args, "out", None) else Path("results") / f"run_{workload.name}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fr_path = write_fusion_result(result.pipeline.report, out_dir / "fusion_result.json")
+    versus = _compare_all_off(workload, result.program, measure) if getattr(args, "vs_all_off", False) else None
+    record = _record(result, versus, fr_path, args.dump_graphs, time.perf_counter() - t0)
+    if args.json:
+        print(json.dumps(record, indent=2))
+    else:
+        _print_human(result, record)
+    return 0
+
+
+def _record(r: RunResult, versus: tuple[Timing, Timing] | None, fr_path: Path, dumps: Path | None, wall: float) -> dict[str, Any]:
+    caches = [k.cache for k in r.program.kernels]
+    rec: dict[str, Any] = {
+        "workload": r.workload,
+        "params": dict(r.params),
+        "graph_hash": r.pipeline.stages[0][1].graph.structural_hash(),
+        "config_key": r.config.key(),
+        "fusion_log": r.pipeline.report.log_lines(),
+        "kernels_before": r.kernels_before,
+        "kernels_after": r.program.kernel_count,
+        "compile_s": r.program.compile_s,
+        "kernels_compiled": caches.count("compiled"),
+        "kernels_from_disk": caches.count("disk"),
+        "kernels_from_memory": caches.count("memory"),
+        "median_s": r.timing.median_s,
+        "iqr_s": r.timing.iqr_s,
+        "cv": r.timing.cv,
+        "repeat": r.timing.repeat,
+        "number": r.timing.number,
+        "error": r.error.__dict__,
+        "float32_floor": r.floor.__dict__,
+        "peak_bytes": r.program.peak_bytes,
+        "naive_bytes": r.program.plan.naive_bytes,
+        "fusion_result": str(fr_path),
+        "wall_s": wall,
+    }
+    if dumps is not None:
+        rec["dumps"] = str(dumps)
+    if versus is not None:
+        fused, off = versus
+        rec["vs_all_off"] = {
+            "fused_median_s": fused.median_s,
+            "fused_iqr_s": fused.iqr_s,
+            "all_off_median_s": off.median_s,
+            "all_off_iqr_s": off.iqr_s,
+            "speedup": off.median_s / fused.median_s,
+        }
+    return rec
+
+
+def _print_human(r: RunResult, rec: dict[str, Any]) -> None:
+    sizes = " ".join(f"{k}={v}" for k, v in r.params.items())
+    print(f"workload  {r.workload}  {sizes}  (graph {rec['graph_hash']}, config {rec['config_key']})")
+    # CANN prints a line per pattern tried; as with `grep -v "matched_times=0"` on a plog, the
+    # lines of patterns that never matched are summarized (all of them are in --json).
+    stats = r.pipeline.report.stats
+    print(f"fusion log ({len(r.pipeline.report.passes_run)} passes ran, in execution order):")
+    for stat in stats:
+        if stat.matched_times:
+            print(f"  {stat.log_line()}")
+    idle = [p for p in r.pipeline.report.passes_run if r.pipeline.report.matched(p) == 0]
+    if idle:
+        print(f"  no match: {', '.join(idle)}")
+    print(f"kernels   {rec['kernels_before']} before fusion -> {rec['kernels_after']} after")
+    print(
+        f"compile   {rec['compile_s']:.2f} s ({rec['kernels_compiled']} compiled,"
+        f" {rec['kernels_from_disk']} from the disk cache, {rec['kernels_from_memory']} already loaded)"
+    )
+    print(
+        f"runtime   median {_fmt_time(r.timing.median_s)}  (IQR {_fmt_time(r.timing.iqr_s)},"
+        f" {r.timing.repeat} x {r.timing.number} calls)"
+    )
+    print(f"error     {_error_text(r.error)}  (vs float64 reference)")
+    print(f"floor     {_error_text(r.floor)}  (float32 unfused interpreter)")
+    print(f"memory    planned peak {_fmt_bytes(rec['peak_bytes'])} (without buffer reuse {_fmt_bytes(rec['naive_bytes'])})")
+    if "vs_all_off" in rec:
+        v = rec["vs_all_off"]
+        print(
+            f"all-off   median {_fmt_time(v['all_off_median_s'])} (IQR {_fmt_time(v['all_off_iqr_s'])}) vs"
+            f" {_fmt_time(v['fused_median_s'])} (IQR {_fmt_time(v['fused_iqr_s'])}) interleaved:"
+            f" {v['speedup']:.2f}x faster with this configuration"
+        )
+    for name, arr in r.outputs.items():
+        if arr.size <= SMALL_OUTPUT:
+            print(f"result {name}: {np.array2string(arr, precision=6, suppress_small=False)}")
+    print(f"wrote     {rec['fusion_result']}")
+    if "dumps" in rec:
+        print(f"wrote     {rec['dumps']}/ (text and DOT of every stage)")
