@@ -1,0 +1,79 @@
+"""Evaluate one configuration in this process: fuse, fingerprint, compile, check, time.
+
+This is the body every embedded evaluator runs (in process, or inside a Ray actor). Anything that
+goes wrong for the candidate becomes a failed :class:`EvalResult`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import traceback
+
+import numpy as np
+
+from fusiontune.codegen.plan import group_sources
+from fusiontune.config.fusion_config import FusionConfig
+from fusiontune.ir.graph import Graph
+from fusiontune.measure import MeasureConfig, compare, time_callable
+from fusiontune.passes.fused_graph import FusedGraph
+from fusiontune.passes.pipeline import run_pipeline
+from fusiontune.runtime import build_program
+from fusiontune.tune.records import OK, EvalResult
+from fusiontune.workloads import Workload
+
+
+def fused_fingerprint(fused: FusedGraph) -> str:
+    """Hash of the program a fused graph becomes: every kernel's source key, in order."""
+    h = hashlib.sha256()
+    for group, src in group_sources(fused):
+        h.update(src.key.encode())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+def program_hash(graph: Graph, config: FusionConfig) -> str:
+    """The program hash of ``config`` on ``graph`` without compiling anything (milliseconds)."""
+    return fused_fingerprint(run_pipeline(graph, config).fused)
+
+
+def evaluate_config(workload: Workload, config: FusionConfig, measure: MeasureConfig, trial: int = -1, node: str = "") -> EvalResult:
+    """Fuse, compile, check against the float64 reference, and time one configuration.
+
+    Correctness is checked before timing; a configuration whose error breaks a bound is still
+    timed (the runtime/error front needs it). Never raises for a candidate's own failure.
+    """
+    node = node or socket.gethostname()
+    phash = ""
+    try:
+        pipeline = run_pipeline(workload.graph, config)
+        phash = fused_fingerprint(pipeline.fused)
+        program = build_program(pipeline.fused)
+        outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
+        errors = compare(outputs, workload.reference)
+        program.bind(workload.inputs)
+        timing = time_callable(program.execute, measure)
+    except Exception as exc:  # a candidate's failure is a value, not a crash of the sweep
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return EvalResult.failure(trial, config, f"{last}", node=node, program_hash=phash)
+    fusion = {}
+    for s in pipeline.report.stats:
+        m, e = fusion.get(s.pass_name, (0, 0))
+        fusion[s.pass_name] = (m + s.matched_times, e + s.effected_times)
+    return EvalResult(
+        trial=trial,
+        config_key=config.key(),
+        program_hash=phash,
+        status=OK,
+        median_s=timing.median_s,
+        iqr_s=timing.iqr_s,
+        cv=timing.cv,
+        min_s=timing.min_s,
+        samples_s=timing.samples_s,
+        errors={"max_abs": errors.max_abs, "max_rel": errors.max_rel, "rel_l2": errors.rel_l2, "cosine": errors.cosine},
+        kernels=program.kernel_count,
+        compile_s=program.compile_s,
+        peak_bytes=program.peak_bytes,
+        node=node,
+        fusion=fusion,
+    )

@@ -1,0 +1,93 @@
+"""Records of the tuning loop: what an evaluator is asked, and what it answers.
+
+Errors that belong to one candidate (a kernel that fails to compile, a worker that dies, a
+timeout, a wrong result) are values here (``status`` and ``error_msg``), never exceptions that stop
+a sweep.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from fusiontune.config.fusion_config import FusionConfig
+
+OK = "ok"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """Evaluate one configuration (``trial`` is the optuna trial number, -1 outside a study)."""
+
+    trial: int
+    config: FusionConfig
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """What measuring one configuration gave.
+
+    Attributes:
+        trial: the trial number of the request.
+        config_key: ``FusionConfig.key()`` of the configuration.
+        program_hash: hash of the generated program (kernel sources and their order); two
+            configurations with the same hash run the same code.
+        status: ``ok`` or ``failed``.
+        error_msg: why it failed (with the log path where there is one); empty when ok.
+        median_s, iqr_s, cv, min_s: timing of one run of the program, seconds.
+        samples_s: every timed sample, seconds per call.
+        errors: the error metrics against the float64 reference (max_abs, max_rel, rel_l2, cosine).
+        kernels: kernels in the program.
+        compile_s: seconds spent obtaining the kernels (compile or disk-cache load).
+        peak_bytes: the program's planned peak memory.
+        node: the machine (host name, or Ray node id) it was measured on.
+        fusion: per pass, ``(matched_times, effected_times)``.
+        extra: evaluator-specific fields (reuse of another trial's measurement, log paths).
+    """
+
+    trial: int
+    config_key: str
+    program_hash: str
+    status: str
+    error_msg: str = ""
+    median_s: float = math.inf
+    iqr_s: float = math.inf
+    cv: float = math.inf
+    min_s: float = math.inf
+    samples_s: tuple[float, ...] = ()
+    errors: Mapping[str, float] = field(default_factory=dict)
+    kernels: int = 0
+    compile_s: float = 0.0
+    peak_bytes: int = 0
+    node: str = ""
+    fusion: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def error(self, metric: str) -> float:
+        """The named error metric; ``inf`` for a failed result."""
+        return float(self.errors.get(metric, math.inf)) if self.ok else math.inf
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["samples_s"] = list(self.samples_s)
+        d["errors"] = dict(self.errors)
+        d["fusion"] = {k: list(v) for k, v in self.fusion.items()}
+        d["extra"] = dict(self.extra)
+        return d
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> EvalResult:
+        d = dict(d)
+        d["samples_s"] = tuple(d.get("samples_s", ()))
+        d["fusion"] = {k: (int(v[0]), int(v[1])) for k, v in dict(d.get("fusion", {})).items()}
+        return EvalResult(**d)
+
+    @staticmethod
+    def failure(trial: int, config: FusionConfig, message: str, node: str = "", program_hash: str = "") -> EvalResult:
+        return EvalResult(trial, config.key(), program_hash, FAILED, message, node=node)
