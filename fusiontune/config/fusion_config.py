@@ -37,6 +37,10 @@ class FusionConfig:
     def __hash__(self) -> int:
         return hash(self.key())
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # MappingProxyType does not pickle; Ray ships configs to workers.
+        return (FusionConfig, (dict(self.switches), dict(self.split_points)))
+
     # ---- construction --------------------------------------------------------------------
     @staticmethod
     def defaults() -> FusionConfig:

@@ -1,0 +1,404 @@
+"""Build ``results/<study>/`` from the study's storage alone: tables, report, plots, recommendation.
+
+``fusiontune report results/<study>`` calls :func:`report_command`; the tuning loop calls
+:func:`build_report` at the end of a sweep. Nothing is measured here: every number comes from the
+records the loop wrote (DESIGN.md sections 8 and 11), so a report rebuilt from ``study.db`` alone is
+the same report.
+
+The recommendation (``fusion_switch.cfg`` and its sidecars) is, in order of preference: the winner
+of the confirmation stage when it is distinguishable from the defaults; the defaults when the
+confirmation found nothing distinguishable; the fastest feasible trial when no confirmation is
+recorded yet; nothing when no trial is feasible.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fusiontune.config.flags import render_flags
+from fusiontune.config.fusion_config import FusionConfig
+from fusiontune.config.fusion_result import write_fusion_result
+from fusiontune.config.switch_file import dump_switch_json
+from fusiontune.errors import UserError
+from fusiontune.passes.base import GRAPH_FUSION, FusionReport, PatternStat
+from fusiontune.passes.registry import BY_NAME
+from fusiontune.report import plots
+from fusiontune.report._render import Block, to_html, to_markdown
+from fusiontune.report.tables import (
+    DEFAULTS,
+    SPLIT_COLUMNS,
+    SWITCH_COLUMNS,
+    baseline_trial,
+    default_storage,
+    fmt_number,
+    fmt_seconds,
+    fmt_speedup,
+    format_top,
+    importance_evaluator,
+    open_study,
+    param_importance,
+    pass_effect,
+    ranked,
+    searched_params,
+    study_frame,
+    top_rows,
+)
+from fusiontune.tune.records import EvalResult
+
+NOT_DISTINGUISHABLE = (
+    "No configuration is distinguishable from the defaults after re-measurement: "
+    "the defaults are recommended."
+)
+NOT_CONFIRMED = (
+    "No confirmation stage is recorded yet: the recommendation is the fastest feasible trial of "
+    "the sweep, not measured again."
+)
+NO_FEASIBLE = "No trial is feasible yet: no fusion_switch.cfg was written."
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The configuration a report recommends, and why (one sentence)."""
+
+    trial: int | None
+    reason: str
+    config: FusionConfig | None
+    result: EvalResult | None
+
+
+@dataclass(frozen=True)
+class _Built:
+    paths: list[Path]
+    frame: pd.DataFrame
+    recommendation: Recommendation
+
+
+# ---- the recommendation --------------------------------------------------------------------------
+def _trial_config(trial: Any) -> FusionConfig:
+    data = trial.user_attrs.get("config")
+    if data:
+        return FusionConfig.from_json(data, source=f"trial {trial.number} config")
+    # An older record without the config attr: the searched params over the registry defaults.
+    params = trial.params
+    explicit = {c.removeprefix("pass."): params[c] == "on" for c in SWITCH_COLUMNS if c in params}
+    points = {c.removeprefix("split."): int(params[c]) for c in SPLIT_COLUMNS if c in params}
+    return FusionConfig.resolve(
+        explicit=explicit, split_points=points, source=f"trial {trial.number}"
+    )
+
+
+def _trial_result(trial: Any) -> EvalResult | None:
+    data = trial.user_attrs.get("result")
+    return EvalResult.from_json(data) if data else None
+
+
+def choose_recommendation(study: Any, frame: pd.DataFrame) -> Recommendation:
+    """The configuration to take home (see the module docstring for the order of preference).
+
+    Raises:
+        UserError: the confirmation record names a trial the study does not have.
+    """
+    confirmation = study.user_attrs.get("confirmation")
+    number: int | None
+    conf = confirmation if isinstance(confirmation, dict) else None
+    if conf and conf.get("distinguishable") and conf.get("winner_trial") is not None:
+        number = int(conf["winner_trial"])
+        reason = (
+            f"Trial {number} is the winner of the confirmation stage: distinguishable from the "
+            "defaults after re-measurement."
+        )
+    elif conf is not None:
+        reason = NOT_DISTINGUISHABLE
+        recorded = conf.get("defaults_trial")
+        number = int(recorded) if recorded is not None else baseline_trial(frame, DEFAULTS)
+        if number is None:
+            return Recommendation(None, reason, FusionConfig.defaults(), None)
+    elif not (best := ranked(frame)).empty:
+        number, reason = int(best["number"].iloc[0]), NOT_CONFIRMED
+    else:
+        return Recommendation(None, NO_FEASIBLE, None, None)
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    if number not in trials:
+        raise UserError(
+            f"study {study.study_name}: the confirmation names trial {number}, which it does not have"
+        )
+    trial = trials[number]
+    result = _trial_result(trial)
+    reused = trial.user_attrs.get("reused_from")
+    if (result is None or not result.fusion) and reused is not None and int(reused) in trials:
+        result = _trial_result(trials[int(reused)]) or result
+    return Recommendation(number, reason, _trial_config(trial), result)
+
+
+def _write_recommendation(rec: Recommendation, out: Path) -> list[Path]:
+    if rec.config is None:
+        return []
+    paths = [out / "fusion_switch.cfg", out / "graph_kernel_flags.txt", out / "best_config.json"]
+    paths[0].write_text(dump_switch_json(rec.config), encoding="utf-8")
+    paths[1].write_text(render_flags(rec.config) + "\n", encoding="utf-8")
+    paths[2].write_text(json.dumps(rec.config.to_json(), indent=4) + "\n", encoding="utf-8")
+    if rec.result is not None and rec.result.fusion:
+        stats = tuple(
+            PatternStat(
+                name,
+                BY_NAME[name].kind if name in BY_NAME else GRAPH_FUSION,
+                name.removesuffix("Pass"),
+                m,
+                e,
+            )
+            for name, (m, e) in rec.result.fusion.items()
+        )
+        report = FusionReport(stats, (), tuple(rec.result.fusion))
+        paths.append(write_fusion_result(report, out / "fusion_result.json"))
+    return paths
+
+
+# ---- the document --------------------------------------------------------------------------------
+def _summary(study: Any, frame: pd.DataFrame) -> list[Block]:
+    attrs = study.user_attrs
+    sizes = ", ".join(f"{k}={v}" for k, v in dict(attrs.get("sizes") or {}).items())
+    states = frame["state"].value_counts()
+    counts = ", ".join(f"{int(n)} {s.lower()}" for s, n in states.items())
+    reused = int(frame["reused_from"].notna().sum())
+    blocks: list[Block] = [
+        ("p", f"Workload: `{attrs.get('workload', '?')}`" + (f" ({sizes})" if sizes else "") + "."),
+        (
+            "p",
+            f"Accuracy bound: `{attrs.get('metric', '?')} <= {attrs.get('bound', '?')}` against the float64 reference.",
+        ),
+        (
+            "p",
+            f"Trials: {len(frame)} ({counts}); {int(frame['feasible'].sum())} feasible; "
+            f"{reused} reused the measurement of a trial with the same program.",
+        ),
+    ]
+    if attrs.get("space_path"):
+        sampler = f", sampler `{attrs['sampler']}`" if attrs.get("sampler") else ""
+        blocks.append(("p", f"Search space: `{attrs['space_path']}`{sampler}."))
+    return blocks
+
+
+def _confirmation(study: Any, frame: pd.DataFrame) -> list[Block]:
+    conf = study.user_attrs.get("confirmation")
+    if not isinstance(conf, dict):
+        return [("p", "No confirmation stage is recorded (the sweep has not finished).")]
+    by_trial = {int(r["trial"]): r for r in conf.get("rows", [])}
+    defaults = by_trial.get(conf.get("defaults_trial", -1))
+    headers = ["trial", "config", "median", "CI", "samples", "vs defaults", "error", "role"]
+    rows = []
+    for number, r in by_trial.items():
+        role = "winner" if number == conf.get("winner_trial") else ""
+        if number == conf.get("defaults_trial"):
+            role = ", ".join(filter(None, [role, "defaults"]))
+        speed = defaults["median_s"] / r["median_s"] if defaults and r.get("median_s") else math.nan
+        rows.append(
+            [
+                str(number),
+                f"`{r.get('config_key', '')}`",
+                fmt_seconds(r.get("median_s")),
+                f"[{fmt_seconds(r.get('ci_low_s'))}, {fmt_seconds(r.get('ci_high_s'))}]",
+                str(r.get("samples", "")),
+                fmt_speedup(speed),
+                fmt_number(r.get("error")),
+                role,
+            ]
+        )
+    blocks: list[Block] = [("table", headers, rows)]
+    if conf.get("winner_trial") is not None and conf.get("distinguishable"):
+        blocks.append(
+            ("p", f"Winner: trial {conf['winner_trial']}, distinguishable from the defaults.")
+        )
+    else:
+        blocks.append(("p", NOT_DISTINGUISHABLE))
+    if conf.get("note"):
+        blocks.append(("p", f"Confirmation note: {conf['note']}"))
+    return blocks
+
+
+def _document(
+    study: Any,
+    frame: pd.DataFrame,
+    rec: Recommendation,
+    images: dict[str, Path | None],
+    missing_plots: str | None,
+    importance: dict[str, float] | None,
+    method: str,
+    searched: list[str],
+) -> list[Block]:
+    doc: list[Block] = [("h1", f"fusiontune report: {study.study_name}"), *_summary(study, frame)]
+    doc += [("h2", "Recommendation"), ("p", rec.reason)]
+    if rec.config is not None:
+        doc.append(
+            (
+                "p",
+                f"Trial {rec.trial if rec.trial is not None else '-'}: `fusion_switch.cfg`, "
+                f"`graph_kernel_flags.txt` (`{render_flags(rec.config) or 'the defaults: no flags'}`), "
+                "`best_config.json` (with the split points), `fusion_result.json`.",
+            )
+        )
+    doc += [("h2", "Confirmation"), *_confirmation(study, frame)]
+    headers, rows = top_rows(frame, 10)
+    doc.append(("h2", "Top 10 feasible configurations"))
+    doc.append(("table", headers, rows) if rows else ("p", "No feasible configuration yet."))
+    doc.append(("h2", "Plots"))
+    if missing_plots:
+        doc.append(("p", missing_plots))
+    titles = {
+        "best_so_far": "Best feasible runtime vs trial",
+        "runtime_vs_error": "Runtime vs error",
+        "pass_effect": "Per-pass effect",
+        "param_importance": "Parameter importance",
+    }
+    doc += [("img", titles[k], p) for k, p in images.items() if p is not None]
+    effect = pass_effect(frame, searched)
+    doc.append(("h2", "Per-pass effect (median speedup vs defaults)"))
+    if effect.empty:
+        doc.append(("p", "No pass was switched both ways in measured trials."))
+    else:
+        doc.append(
+            (
+                "table",
+                ["pass", "on", "off", "trials on / off", "on / off"],
+                [
+                    [
+                        r.pass_,
+                        fmt_speedup(r.on),
+                        fmt_speedup(r.off),
+                        f"{r.n_on} / {r.n_off}",
+                        f"{r.ratio:.2f}",
+                    ]
+                    for r in effect.rename(columns={"pass": "pass_"}).itertuples(index=False)
+                ],
+            )
+        )
+    doc.append(("h2", "Parameter importance (median runtime)"))
+    if importance is None:
+        doc.append(("p", method))
+    else:
+        doc.append(
+            (
+                "p",
+                f"optuna's {method} importance of each searched parameter for the median runtime.",
+            )
+        )
+        doc.append(
+            ("table", ["parameter", "importance"], [[k, f"{v:.3f}"] for k, v in importance.items()])
+        )
+    failed = frame[frame["state"] != "COMPLETE"]
+    if not failed.empty:
+        doc.append(("h2", "Trials that did not complete"))
+        doc.append(
+            (
+                "table",
+                ["trial", "state", "node", "reason"],
+                [
+                    [str(r.number), r.state, r.node or "-", (r.error_msg or "-")[:200]]
+                    for r in failed.itertuples(index=False)
+                ],
+            )
+        )
+    machine = study.user_attrs.get("machine") or {}
+    if machine:
+        doc += [
+            ("h2", "Machine"),
+            ("table", ["key", "value"], [[str(k), str(v)] for k, v in machine.items()]),
+        ]
+    if study.user_attrs.get("space_toml"):
+        doc += [("h2", "Search space"), ("pre", str(study.user_attrs["space_toml"]).rstrip())]
+    return doc
+
+
+# ---- entry points --------------------------------------------------------------------------------
+def _build(results_dir: str | Path, storage_url: str | None, study_name: str | None) -> _Built:
+    out = Path(results_dir)
+    if storage_url is None and not out.is_dir():
+        raise UserError(f"{out}: no such results folder")
+    study = open_study(storage_url or default_storage(out), study_name, fallback_name=out.name)
+    out.mkdir(parents=True, exist_ok=True)
+    frame = study_frame(study)
+    paths = [out / "trials.csv"]
+    frame.to_csv(paths[0], index=False)
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        paths.append(out / "trials.parquet")
+        frame.to_parquet(paths[-1], index=False)
+    searched = searched_params(study)
+    importance, method, target = param_importance(study)
+    missing = plots.matplotlib_missing()
+    images: dict[str, Path | None] = {}
+    if missing is None:
+        metric = str(study.user_attrs.get("metric", "error"))
+        bound = float(study.user_attrs.get("bound", math.nan))
+        images["best_so_far"] = plots.plot_best_so_far(frame, out / "best_so_far.png")
+        images["runtime_vs_error"] = plots.plot_runtime_vs_error(
+            frame, metric, bound, out / "runtime_vs_error.png"
+        )
+        images["pass_effect"] = plots.plot_pass_effect(frame, searched, out / "pass_effect.png")
+        if importance is not None:
+            images["param_importance"] = plots.plot_importance(
+                study, target, importance_evaluator(study)[0], out / "param_importance.png"
+            )
+    paths += [p for p in images.values() if p is not None]
+    rec = choose_recommendation(study, frame)
+    doc = _document(study, frame, rec, images, missing, importance, method, searched)
+    (out / "report.md").write_text(to_markdown(doc), encoding="utf-8")
+    (out / "report.html").write_text(
+        to_html(doc, f"fusiontune report: {study.study_name}"), encoding="utf-8"
+    )
+    paths += [out / "report.md", out / "report.html", *_write_recommendation(rec, out)]
+    return _Built(paths, frame, rec)
+
+
+def build_report(
+    results_dir: str | Path, storage_url: str | None = None, study_name: str | None = None
+) -> list[Path]:
+    """Write every table, plot, report and recommendation file of a study into ``results_dir``.
+
+    Args:
+        results_dir: ``results/<study>``; created when a ``storage_url`` is given.
+        storage_url: a SQLAlchemy URL; default ``sqlite:///<results_dir>/study.db``.
+        study_name: the study; default the only study in the storage, else the folder's name.
+
+    Returns:
+        The paths written: trials.csv (and trials.parquet with pyarrow), the PNG plots (with
+        matplotlib), report.md, report.html, and, when a configuration is recommended,
+        fusion_switch.cfg, graph_kernel_flags.txt, best_config.json and fusion_result.json.
+
+    Raises:
+        UserError: the folder, the database or the study does not exist, or the storage cannot
+            be opened.
+    """
+    return _build(results_dir, storage_url, study_name).paths
+
+
+def report_command(args: Any) -> int:
+    """``fusiontune report RESULTS_DIR [--storage URL] [--study NAME]``: rebuild from the database.
+
+    Prints the ranked top 10, the recommendation and every path written.
+
+    Args:
+        args: ``results_dir``, and optionally ``storage`` and ``study``.
+
+    Returns:
+        0.
+
+    Raises:
+        UserError: see :func:`build_report`.
+    """
+    built = _build(args.results_dir, getattr(args, "storage", None), getattr(args, "study", None))
+    print(format_top(built.frame, 10))
+    print()
+    print(built.recommendation.reason)
+    print("wrote:")
+    for path in built.paths:
+        print(f"  {path}")
+    return 0

@@ -1,0 +1,211 @@
+"""The report's plots, as PNG files, drawn with matplotlib (the optional extra ``plots``).
+
+matplotlib is imported lazily: :func:`matplotlib_missing` says in one sentence what to install,
+and the report still writes its tables without it. Figures are drawn on the Agg backend and
+closed after saving, so a long sweep that rebuilds its report does not accumulate them.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fusiontune.report.tables import baseline_median, pareto_front, pass_effect
+
+MISSING_SENTENCE = (
+    "Plots were not drawn: matplotlib is not installed (pip install 'fusiontune[plots]')."
+)
+
+
+def matplotlib_missing() -> str | None:
+    """None when matplotlib can be imported, else the sentence the report prints instead."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return MISSING_SENTENCE
+    return None
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    # Agg unless the caller (a notebook) already chose a backend through pyplot.
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def _scatter(ax: Any, x: pd.Series, rows: pd.DataFrame) -> None:
+    """Runtime (ms) against ``x``: feasible trials as dots, those that break the bound as crosses."""
+    ok = rows["feasible"].to_numpy(dtype=bool)
+    y = rows["median_s"] * 1e3
+    if ok.any():
+        ax.scatter(x[ok], y[ok], s=14, color="tab:blue", label="feasible")
+    if (~ok).any():
+        ax.scatter(x[~ok], y[~ok], s=18, marker="x", color="tab:red", label="breaks the bound")
+
+
+def _runtime_scale(ax: Any, runtimes: pd.Series) -> None:
+    """A log runtime axis when runtimes span more than a factor of 10 (all-off vs fused can)."""
+    low, high = float(runtimes.min()), float(runtimes.max())
+    if low > 0 and high / low > 10:
+        ax.set_yscale("log")
+
+
+def plot_best_so_far(frame: pd.DataFrame, path: Path) -> Path | None:
+    """Best feasible median runtime after each trial, over every measured trial.
+
+    Args:
+        frame: the study table (:func:`fusiontune.report.tables.load_study_frame`).
+        path: the PNG to write.
+
+    Returns:
+        ``path``, or None when no trial was measured.
+    """
+    measured = frame[frame["median_s"].notna()]
+    if measured.empty:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    feasible = measured[measured["feasible"]]
+    _scatter(ax, measured["number"], measured)
+    if not feasible.empty:
+        best = frame["median_s"].where(frame["feasible"]).cummin().ffill()
+        ax.step(
+            frame["number"], best * 1e3, where="post", color="black", label="best feasible so far"
+        )
+    for role, style in (("defaults", "--"), ("all_off", ":")):
+        base = baseline_median(frame, role)
+        if base is not None:
+            ax.axhline(
+                base * 1e3, color="gray", linestyle=style, linewidth=1, label=role.replace("_", "-")
+            )
+    _runtime_scale(ax, measured["median_s"])
+    ax.set_xlabel("trial")
+    ax.set_ylabel("median runtime (ms)")
+    ax.set_title("Best feasible runtime vs trial")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_runtime_vs_error(
+    frame: pd.DataFrame, metric: str, bound: float, path: Path
+) -> Path | None:
+    """Runtime against error for every measured trial, the bound line and the Pareto front.
+
+    Args:
+        frame: the study table.
+        metric: the bounded error metric (axis label).
+        bound: the accuracy bound (a vertical line; NaN: none).
+        path: the PNG to write.
+
+    Returns:
+        ``path``, or None when no trial has both a runtime and a finite error.
+    """
+    done = frame[frame["median_s"].notna() & frame["error"].notna()]
+    done = done[done["error"].map(math.isfinite)]
+    if done.empty:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    _scatter(ax, done["error"], done)
+    front = pareto_front(done)
+    ax.step(
+        front["error"],
+        front["median_s"] * 1e3,
+        where="post",
+        color="black",
+        linewidth=1,
+        label="Pareto front",
+    )
+    if math.isfinite(bound):
+        ax.axvline(bound, color="tab:red", linestyle="--", linewidth=1, label=f"bound {bound:g}")
+    positive = done.loc[done["error"] > 0, "error"]
+    if len(positive) == len(done):
+        ax.set_xscale("log")
+    elif not positive.empty:
+        # symlog: exact configurations (error 0) stay on the plot next to tiny rounding errors.
+        linthresh = float(positive.min())
+        if math.isfinite(bound) and bound > 0:
+            linthresh = min(linthresh, bound)
+        ax.set_xscale("symlog", linthresh=linthresh)
+        ax.set_xlim(left=-0.5 * linthresh)  # errors are never negative
+    _runtime_scale(ax, done["median_s"])
+    ax.set_xlabel(f"error ({metric})")
+    ax.set_ylabel("median runtime (ms)")
+    ax.set_title("Runtime vs error")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_pass_effect(
+    frame: pd.DataFrame, searched: Sequence[str] | None, path: Path
+) -> Path | None:
+    """For each searched pass: median speedup vs defaults with it on and off.
+
+    Args:
+        frame: the study table.
+        searched: the searched parameters (see :func:`fusiontune.report.tables.pass_effect`).
+        path: the PNG to write.
+
+    Returns:
+        ``path``, or None when no pass was switched both ways in measured trials.
+    """
+    effect = pass_effect(frame, searched)
+    if effect.empty:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 0.8 + 0.45 * len(effect)))
+    y = range(len(effect))
+    ax.barh([i + 0.2 for i in y], effect["on"], height=0.4, color="tab:green", label="on")
+    ax.barh([i - 0.2 for i in y], effect["off"], height=0.4, color="tab:gray", label="off")
+    ax.set_yticks(list(y), effect["pass"], fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("median speedup vs defaults")
+    ax.set_title("Per-pass effect")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_importance(
+    study: Any, target: Callable[[Any], float] | None, evaluator: Any, path: Path
+) -> Path:
+    """optuna's parameter-importance bar chart (``optuna.visualization.matplotlib``).
+
+    Args:
+        study: the ``optuna.Study``.
+        target: the value to explain (the runtime); required for a multi-objective study.
+        evaluator: the importance evaluator (seeded, so the chart matches the report's table).
+        path: the PNG to write.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        Exception: whatever optuna raises when importances cannot be computed (too few trials).
+    """
+    import optuna.visualization.matplotlib as ovm
+
+    _pyplot()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ExperimentalWarning on every matplotlib plot
+        ax = ovm.plot_param_importances(
+            study, evaluator=evaluator, target=target, target_name="median runtime"
+        )
+    return _save(ax.figure, path)

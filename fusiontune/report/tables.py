@@ -1,0 +1,440 @@
+"""The trials of a study as a pandas table, read from its optuna storage alone.
+
+The storage schema is the one the tuning loop writes (DESIGN.md section 8): parameters
+``pass.<Name>`` ("off" / "on") and ``split.<Pass>.<point>`` (int); the objective ``median_s`` (and
+``error`` for NSGA-II); the constraint ``error - bound`` in the trial's system attr
+``constraints``; user attrs ``result`` (``EvalResult.to_json()``), ``config``
+(``FusionConfig.to_json()``), ``program_hash``, ``reused_from`` and ``role`` ("defaults" /
+"all_off"). Nothing here measures anything.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fusiontune.errors import UserError
+from fusiontune.measure import METRICS
+from fusiontune.passes.registry import PASSES
+
+DEFAULTS = "defaults"
+ALL_OFF = "all_off"
+MIN_IMPORTANCE_TRIALS = 5  # below this, any importance estimate is noise
+CONSTRAINTS_KEY = "constraints"  # where optuna keeps the values constraints_func returned
+
+SWITCH_COLUMNS = tuple(f"pass.{p.name}" for p in PASSES if p.switchable)
+SPLIT_COLUMNS = tuple(f"split.{p.name}.{sp.name}" for p in PASSES for sp in p.split_points)
+_LEAD = ("number", "state", "role")
+_MEASURED = ("median_s", "iqr_s", "cv", "min_s", *METRICS, "error", "constraint", "feasible")
+_TAIL = (
+    "speedup_vs_defaults",
+    "speedup_vs_all_off",
+    "program_hash",
+    "reused_from",
+    "kernels",
+    "compile_s",
+    "node",
+    "config_key",
+    "error_msg",
+    "datetime_start",
+    "datetime_complete",
+)
+
+
+# ---- loading -------------------------------------------------------------------------------------
+def default_storage(results_dir: str | Path) -> str:
+    """``sqlite:///<results_dir>/study.db``, the storage the tuning loop writes by default."""
+    return f"sqlite:///{Path(results_dir) / 'study.db'}"
+
+
+def open_study(
+    storage_url: str, study_name: str | None = None, fallback_name: str | None = None
+) -> Any:
+    """Load an existing optuna study read-only; never creates a database or a study.
+
+    Args:
+        storage_url: a SQLAlchemy URL (``sqlite:///results/x/study.db``, ``postgresql://...``).
+        study_name: the study; None: the only study in the storage, else ``fallback_name``.
+        fallback_name: the name tried when the storage holds several studies (the folder name).
+
+    Returns:
+        The ``optuna.Study``.
+
+    Raises:
+        UserError: the SQLite file does not exist, the storage cannot be opened, or the study
+            is not in it (the message lists the studies that are).
+    """
+    import optuna
+
+    if storage_url.startswith("sqlite:///"):
+        path = Path(storage_url.removeprefix("sqlite:///").partition("?")[0])
+        if not path.is_file():
+            raise UserError(f"{path}: no such study database (run `fusiontune tune` first)")
+    try:
+        storage = optuna.storages.RDBStorage(storage_url)
+        names = [
+            s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+        ]
+    except Exception as exc:  # SQLAlchemy / driver errors: say which storage, in one line
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot open storage {storage_url}: {reason}") from None
+    if study_name is None:
+        if len(names) == 1:
+            study_name = names[0]
+        elif fallback_name in names:
+            study_name = fallback_name
+        else:
+            found = ", ".join(names) or "none"
+            raise UserError(f"{storage_url}: choose a study with --study (studies: {found})")
+    elif study_name not in names:
+        raise UserError(
+            f"{storage_url}: no study {study_name!r} (studies: {', '.join(names) or 'none'})"
+        )
+    return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def load_study_frame(storage_url: str, study_name: str | None) -> pd.DataFrame:
+    """One row per trial of a study, everything taken from its storage.
+
+    Args:
+        storage_url: a SQLAlchemy URL.
+        study_name: the study (None: the only one in the storage).
+
+    Returns:
+        Columns: ``number``, ``state``, ``role``, every ``pass.*`` switch (every switchable pass,
+        "on"/"off") and ``split.*`` point (int), ``median_s``, ``iqr_s``, ``cv``, ``min_s``, every
+        error metric, ``error`` (the bounded metric), ``constraint`` (``error - bound``),
+        ``feasible``, ``speedup_vs_defaults``, ``speedup_vs_all_off``, ``program_hash``,
+        ``reused_from``, ``kernels``, ``compile_s``, ``node``, ``config_key``, ``error_msg``,
+        ``datetime_start``, ``datetime_complete``; sorted by trial number.
+
+    Raises:
+        UserError: see :func:`open_study`.
+    """
+    return study_frame(open_study(storage_url, study_name))
+
+
+def study_frame(study: Any) -> pd.DataFrame:
+    """The table of :func:`load_study_frame` for an already loaded ``optuna.Study``."""
+    attrs = study.user_attrs
+    metric = str(attrs.get("metric", "max_rel"))
+    bound = _float(attrs.get("bound"))
+    rows = [_trial_row(t, metric, bound) for t in study.get_trials(deepcopy=False)]
+    columns = [*_LEAD, *SWITCH_COLUMNS, *SPLIT_COLUMNS, *_MEASURED, *_TAIL]
+    frame = pd.DataFrame(rows, columns=columns).sort_values("number", kind="stable")
+    frame = frame.reset_index(drop=True)
+    for col in SPLIT_COLUMNS + ("reused_from", "kernels"):
+        frame[col] = frame[col].astype("Int64")
+    frame["feasible"] = frame["feasible"].astype(bool)
+    for role, col in ((DEFAULTS, "speedup_vs_defaults"), (ALL_OFF, "speedup_vs_all_off")):
+        base = baseline_median(frame, role)
+        frame[col] = base / frame["median_s"] if base is not None else math.nan
+    return frame
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _finite_or_nan(value: Any) -> float:
+    v = _float(value)
+    return v if math.isfinite(v) else math.nan
+
+
+def _trial_row(trial: Any, metric: str, bound: float) -> dict[str, Any]:
+    ua = trial.user_attrs
+    result: Mapping[str, Any] = ua.get("result") or {}
+    ok = result.get("status") == "ok"
+    config: Mapping[str, Any] = ua.get("config") or {}
+    row: dict[str, Any] = {
+        "number": trial.number,
+        "state": trial.state.name,
+        "role": ua.get("role", ""),
+    }
+    # The resolved config has every pass; the params only the searched ones (same values).
+    switches = {
+        name: value
+        for kind in ("GraphFusion", "UBFusion")
+        for name, value in dict(config.get(kind, {})).items()
+    }
+    points = dict(config.get("split_points", {}))
+    for col in SWITCH_COLUMNS:
+        name = col.removeprefix("pass.")
+        row[col] = trial.params.get(col, switches.get(name))
+    for col in SPLIT_COLUMNS:
+        value = trial.params.get(col, points.get(col.removeprefix("split.")))
+        row[col] = None if value is None else int(value)
+    errors: Mapping[str, Any] = result.get("errors") or {}
+    for name in METRICS:
+        row[name] = _float(errors[name]) if ok and name in errors else math.nan
+    row["error"] = row.get(metric, math.nan)
+    for name in ("median_s", "iqr_s", "cv", "min_s"):
+        row[name] = _finite_or_nan(result.get(name)) if ok else math.nan
+    constraints = trial.system_attrs.get(CONSTRAINTS_KEY)
+    if constraints:
+        row["constraint"] = max(_float(c) for c in constraints)
+    else:
+        row["constraint"] = row["error"] - bound  # NaN when either is unknown
+    row["feasible"] = bool(
+        trial.state.name == "COMPLETE"
+        and ok
+        and row["constraint"] <= 0
+        and not math.isnan(row["median_s"])
+    )
+    reused = ua.get("reused_from")
+    row.update(
+        program_hash=ua.get("program_hash", result.get("program_hash", "")),
+        reused_from=None if reused is None else int(reused),
+        kernels=int(result["kernels"]) if ok and "kernels" in result else None,
+        compile_s=_float(result.get("compile_s")) if result else math.nan,
+        node=result.get("node", ""),
+        config_key=result.get("config_key", ""),
+        error_msg=result.get("error_msg", "")
+        or ua.get("interrupted")
+        or _missing_result(trial, result),
+        datetime_start=_iso(trial.datetime_start),
+        datetime_complete=_iso(trial.datetime_complete),
+    )
+    return row
+
+
+def _missing_result(trial: Any, result: Mapping[str, Any]) -> str:
+    if result:
+        return ""
+    if trial.state.name in ("RUNNING", "WAITING"):
+        return "no result recorded (in flight, or the sweep was killed)"
+    return "no result recorded"
+
+
+def _iso(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else ""
+
+
+# ---- derived tables ------------------------------------------------------------------------------
+def baseline_median(frame: pd.DataFrame, role: str) -> float | None:
+    """Median runtime of the first measured trial with ``role`` (defaults / all_off), or None."""
+    rows = frame[
+        (frame["role"] == role) & frame["median_s"].notna() & (frame["state"] == "COMPLETE")
+    ]
+    return float(rows["median_s"].iloc[0]) if len(rows) else None
+
+
+def baseline_trial(frame: pd.DataFrame, role: str) -> int | None:
+    """Number of the first completed trial with ``role``, or None."""
+    rows = frame[(frame["role"] == role) & (frame["state"] == "COMPLETE")]
+    return int(rows["number"].iloc[0]) if len(rows) else None
+
+
+def ranked(frame: pd.DataFrame) -> pd.DataFrame:
+    """Feasible trials, fastest first (ties: lower error, then earlier trial)."""
+    feasible = frame[frame["feasible"]]
+    return feasible.sort_values(["median_s", "error", "number"], kind="stable").reset_index(
+        drop=True
+    )
+
+
+def pareto_front(frame: pd.DataFrame) -> pd.DataFrame:
+    """Completed trials no other trial beats in both runtime and error, by runtime."""
+    done = frame[frame["median_s"].notna() & frame["error"].notna()]
+    done = done.sort_values(["median_s", "error", "number"], kind="stable")
+    keep, best_error = [], math.inf
+    for idx, err in zip(done.index, done["error"], strict=True):
+        if err < best_error:
+            keep.append(idx)
+            best_error = err
+    return done.loc[keep]
+
+
+def searched_params(study: Any) -> list[str]:
+    """The ``pass.*`` and ``split.*`` parameters the study searched, in registry order."""
+    names = {name for t in study.get_trials(deepcopy=False) for name in t.params}
+    return [c for c in (*SWITCH_COLUMNS, *SPLIT_COLUMNS) if c in names]
+
+
+def pass_effect(frame: pd.DataFrame, searched: Sequence[str] | None = None) -> pd.DataFrame:
+    """For every searched pass switched both ways: median speedup with it on vs off.
+
+    Speedups are against the defaults; every measured trial counts, feasible or not (the
+    effect on runtime is what this shows; the error is a separate axis).
+
+    Args:
+        frame: the study table.
+        searched: the searched parameters (:func:`searched_params`); None: every pass column
+            (then a pass held fixed differs only in the all-off baseline and shows that).
+
+    Returns:
+        Columns ``pass``, ``on`` and ``off`` (median speedup), ``n_on``, ``n_off``, ``ratio``
+        (on / off: above 1 the pass helps), sorted by ratio, largest first.
+    """
+    measured = frame[frame["speedup_vs_defaults"].notna()]
+    rows = []
+    for col in SWITCH_COLUMNS:
+        if searched is not None and col not in searched:
+            continue
+        on = measured.loc[measured[col] == "on", "speedup_vs_defaults"]
+        off = measured.loc[measured[col] == "off", "speedup_vs_defaults"]
+        if len(on) and len(off):
+            rows.append(
+                {
+                    "pass": col.removeprefix("pass."),
+                    "on": float(on.median()),
+                    "off": float(off.median()),
+                    "n_on": len(on),
+                    "n_off": len(off),
+                    "ratio": float(on.median() / off.median()),
+                }
+            )
+    out = pd.DataFrame(rows, columns=["pass", "on", "off", "n_on", "n_off", "ratio"])
+    return out.sort_values("ratio", ascending=False, kind="stable").reset_index(drop=True)
+
+
+# ---- parameter importance ----------------------------------------------------------------------------------
+def importance_evaluator(study: Any) -> tuple[Any, str]:
+    """fANOVA (seeded) when scikit-learn is installed, else PED-ANOVA (optuna alone).
+
+    Returns:
+        (a fresh evaluator, its name for the report).
+    """
+    import optuna
+
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        # PED-ANOVA compares the top quantile with the rest: keep about 5 trials in the top.
+        quantile = min(0.5, max(0.1, 5 / max(complete, 1)))
+        return optuna.importance.PedAnovaImportanceEvaluator(target_quantile=quantile), "PED-ANOVA"
+    return optuna.importance.FanovaImportanceEvaluator(seed=0), "fANOVA"
+
+
+def param_importance(study: Any) -> tuple[dict[str, float] | None, str, Any]:
+    """optuna's importance of each searched parameter for the median runtime.
+
+    Args:
+        study: the ``optuna.Study``.
+
+    Returns:
+        (parameter -> importance, largest first, or None; the method used, or one sentence
+        saying why none was computed; the target given to optuna: ``values[0]`` for a
+        two-objective study, else None).
+    """
+    import optuna
+
+    target = (lambda t: t.values[0]) if len(study.directions) > 1 else None
+    complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    if complete < MIN_IMPORTANCE_TRIALS:
+        return (
+            None,
+            (
+                f"Parameter importance not computed: it needs at least {MIN_IMPORTANCE_TRIALS} "
+                f"completed trials, the study has {complete}."
+            ),
+            target,
+        )
+    evaluator, method = importance_evaluator(study)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # few-trial warnings: the table says what it is
+            found = optuna.importance.get_param_importances(
+                study, evaluator=evaluator, target=target
+            )
+    except Exception as exc:  # too few trials, a single value per param: say so, go on
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, f"Parameter importance not computed: {reason}", target
+    if not found:
+        return (
+            None,
+            "Parameter importance not computed: the study has no searched parameters.",
+            target,
+        )
+    return dict(found), method, target
+
+
+# ---- text ----------------------------------------------------------------------------------------
+def fmt_seconds(value: Any) -> str:
+    """A duration in the unit that suits it: ``812 ns``, ``45.3 us``, ``1.27 ms``, ``2.05 s``."""
+    v = _float(value)
+    if math.isnan(v):
+        return "-"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v / 1e-9:.3g} ns"
+
+
+def fmt_speedup(value: Any) -> str:
+    v = _float(value)
+    return "-" if math.isnan(v) else f"{v:.2f}x"
+
+
+def fmt_number(value: Any) -> str:
+    v = _float(value)
+    return "-" if math.isnan(v) else f"{v:.3g}"
+
+
+def top_rows(frame: pd.DataFrame, n: int = 10) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells of the ranked top ``n`` feasible configurations."""
+    headers = [
+        "rank",
+        "trial",
+        "median",
+        "IQR",
+        "vs defaults",
+        "vs all-off",
+        "error",
+        "kernels",
+        "note",
+    ]
+    rows = []
+    for rank, r in enumerate(ranked(frame).head(n).itertuples(index=False), start=1):
+        note = [r.role] if r.role else []
+        if not pd.isna(r.reused_from):
+            note.append(f"reuses #{r.reused_from}")
+        rows.append(
+            [
+                str(rank),
+                str(r.number),
+                fmt_seconds(r.median_s),
+                fmt_seconds(r.iqr_s),
+                fmt_speedup(r.speedup_vs_defaults),
+                fmt_speedup(r.speedup_vs_all_off),
+                fmt_number(r.error),
+                "-" if pd.isna(r.kernels) else str(r.kernels),
+                ", ".join(note),
+            ]
+        )
+    return headers, rows
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns two spaces apart, a dashed rule under the header."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def format_top(frame: pd.DataFrame, n: int = 10) -> str:
+    """The ranked top ``n`` feasible configurations as a table for the terminal.
+
+    Args:
+        frame: the table of :func:`load_study_frame`.
+        n: how many rows.
+
+    Returns:
+        The table, or one sentence when no trial is feasible.
+    """
+    headers, rows = top_rows(frame, n)
+    if not rows:
+        return "no feasible configuration yet (every finished trial failed or broke the bound)"
+    return text_table(headers, rows)
