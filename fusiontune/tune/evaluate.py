@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import socket
 import traceback
+from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -17,8 +20,8 @@ from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.graph import Graph
 from fusiontune.measure import MeasureConfig, compare, time_callable
 from fusiontune.passes.fused_graph import FusedGraph
-from fusiontune.passes.pipeline import run_pipeline
-from fusiontune.runtime import build_program
+from fusiontune.passes.pipeline import PipelineResult, run_pipeline
+from fusiontune.runtime import Program, build_program
 from fusiontune.tune.records import OK, EvalResult
 from fusiontune.workloads import Workload
 
@@ -26,7 +29,7 @@ from fusiontune.workloads import Workload
 def fused_fingerprint(fused: FusedGraph) -> str:
     """Hash of the program a fused graph becomes: every kernel's source key, in order."""
     h = hashlib.sha256()
-    for group, src in group_sources(fused):
+    for _group, src in group_sources(fused):
         h.update(src.key.encode())
         h.update(b"|")
     return h.hexdigest()[:16]
@@ -37,33 +40,54 @@ def program_hash(graph: Graph, config: FusionConfig) -> str:
     return fused_fingerprint(run_pipeline(graph, config).fused)
 
 
-def evaluate_config(workload: Workload, config: FusionConfig, measure: MeasureConfig, trial: int = -1, node: str = "") -> EvalResult:
-    """Fuse, compile, check against the float64 reference, and time one configuration.
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration fused and compiled, ready to be checked and timed."""
+
+    config: FusionConfig
+    pipeline: PipelineResult
+    program: Program
+    program_hash: str
+
+
+def build_candidate(workload: Workload, config: FusionConfig) -> Candidate:
+    """Fuse and compile ``config`` (the build phase). Raises on the candidate's own failure."""
+    pipeline = run_pipeline(workload.graph, config)
+    phash = fused_fingerprint(pipeline.fused)
+    return Candidate(config, pipeline, build_program(pipeline.fused), phash)
+
+
+def measure_candidate(
+    workload: Workload,
+    candidate: Candidate,
+    measure: MeasureConfig,
+    trial: int = -1,
+    node: str = "",
+    extra: Mapping[str, Any] | None = None,
+) -> EvalResult:
+    """Check a built candidate against the float64 reference, then time it (the measure phase).
 
     Correctness is checked before timing; a configuration whose error breaks a bound is still
-    timed (the runtime/error front needs it). Never raises for a candidate's own failure.
+    timed (the runtime/error front needs it). Never raises for the candidate's own failure.
     """
     node = node or socket.gethostname()
-    phash = ""
+    program = candidate.program
     try:
-        pipeline = run_pipeline(workload.graph, config)
-        phash = fused_fingerprint(pipeline.fused)
-        program = build_program(pipeline.fused)
         outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
         errors = compare(outputs, workload.reference)
         program.bind(workload.inputs)
         timing = time_callable(program.execute, measure)
     except Exception as exc:  # a candidate's failure is a value, not a crash of the sweep
-        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        return EvalResult.failure(trial, config, f"{last}", node=node, program_hash=phash)
-    fusion = {}
-    for s in pipeline.report.stats:
+        failed = EvalResult.failure(trial, candidate.config, _reason(exc), node, candidate.program_hash)
+        return replace(failed, extra=dict(extra or {}))
+    fusion: dict[str, tuple[int, int]] = {}
+    for s in candidate.pipeline.report.stats:
         m, e = fusion.get(s.pass_name, (0, 0))
         fusion[s.pass_name] = (m + s.matched_times, e + s.effected_times)
     return EvalResult(
         trial=trial,
-        config_key=config.key(),
-        program_hash=phash,
+        config_key=candidate.config.key(),
+        program_hash=candidate.program_hash,
         status=OK,
         median_s=timing.median_s,
         iqr_s=timing.iqr_s,
@@ -76,4 +100,25 @@ def evaluate_config(workload: Workload, config: FusionConfig, measure: MeasureCo
         peak_bytes=program.peak_bytes,
         node=node,
         fusion=fusion,
+        extra=dict(extra or {}),
     )
+
+
+def evaluate_config(
+    workload: Workload, config: FusionConfig, measure: MeasureConfig, trial: int = -1, node: str = ""
+) -> EvalResult:
+    """Build, check and time one configuration in this process; never raises for its failure."""
+    try:
+        candidate = build_candidate(workload, config)
+    except Exception as exc:  # a candidate's failure is a value, not a crash of the sweep
+        phash = ""
+        try:
+            phash = program_hash(workload.graph, config)
+        except Exception:
+            pass
+        return EvalResult.failure(trial, config, _reason(exc), node or socket.gethostname(), phash)
+    return measure_candidate(workload, candidate, measure, trial, node)
+
+
+def _reason(exc: BaseException) -> str:
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()

@@ -1,0 +1,417 @@
+"""RayEvaluator: a pool of Ray actors that build a batch in parallel, then measure one at a time per node.
+
+TVM meta_schedule's builder / runner split, on Ray. A batch goes through rounds of two phases:
+
+1. Build: every actor takes requests from one queue and fuses and compiles them (kernels go to the
+   shared disk cache; the Program stays in the actor). Builds run in parallel, one per actor.
+2. Measure: each built Program is checked against the reference and timed in the actor that
+   built it, and at most one measurement runs on a node at a time, so measurements never share
+   cores with each other or with builds.
+
+The one-per-node rule is Ray's own resource accounting: every node that measures registers one
+unit of the custom resource :data:`MEASURE_SLOT`, and a measurement is a small task that requires
+that unit, is pinned to the actor's node, and calls the actor while it holds the unit. Ray queues
+the tasks, so the rule holds across every driver sharing the cluster. Local mode registers the
+slot itself; on a cluster each node must be started with it::
+
+    ray start --head --resources='{"fusiontune_measure_slot": 1}'
+    ray start --address=HEAD:6379 --resources='{"fusiontune_measure_slot": 1}'
+
+Actors are placed only on nodes that have the slot. An actor that dies, or a request that runs
+past ``trial_timeout_s``, fails that one request with the reason; the actor is replaced, the
+requests whose Programs it held are built again, and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fusiontune.errors import UserError
+from fusiontune.measure import MeasureConfig
+from fusiontune.tune._ray_worker import (
+    MEASURE_SLOT,
+    FaultHook,
+    MeasureOutcome,
+    TuneWorker,
+    import_ray,
+    measure_task,
+    one_line,
+    worker_actor,
+)
+from fusiontune.tune.records import EvalRequest, EvalResult
+
+__all__ = ["MEASURE_SLOT", "FaultHook", "RayEvaluator", "TuneWorker", "start_ray"]
+
+OBJECT_STORE_BYTES = 200 << 20
+"""Object store of a local cluster: only configs and results travel, never arrays."""
+
+_PROBE_TIMEOUT_S = 5.0
+_MAX_START_FAILURES = 3
+_MIN_MEASURE_LIMIT_S = 1.0
+
+
+# ---- connecting ----------------------------------------------------------------------------------
+def _probe(address: str) -> None:
+    """Fail fast on an unreachable ``host:port`` (``ray.init`` would retry for minutes)."""
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UserError(
+            f"--ray-address {address!r}: expected HOST:PORT, e.g. 10.0.0.5:6379 (as `ray start --head` prints)"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise UserError(
+            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} "
+            f"(start it with `ray start --head --resources='{{\"{MEASURE_SLOT}\": 1}}'`)"
+        ) from None
+
+
+def start_ray(address: str | None, num_cpus: int | None = None) -> bool:
+    """Start a local Ray instance, or join the cluster at ``address``, unless already connected.
+
+    Args:
+        address: None starts a local instance (dashboard off, ``num_cpus`` CPUs, one measure
+            slot, a 200 MB object store); ``HOST:PORT`` or ``auto`` joins a running cluster.
+        num_cpus: CPUs of the local instance (default: ``os.cpu_count()``).
+
+    Returns:
+        True if this call connected (the caller shuts Ray down), False if Ray was already up.
+
+    Raises:
+        UserError: the cluster cannot be reached.
+    """
+    ray = import_ray()
+    if address is not None:
+        _probe(address)
+    if ray.is_initialized():
+        return False
+    quiet = dict(log_to_driver=False, configure_logging=False)
+    if address is None:
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count(),
+            resources={MEASURE_SLOT: 1},
+            include_dashboard=False,
+            object_store_memory=OBJECT_STORE_BYTES,
+            **quiet,
+        )
+        return True
+    try:
+        ray.init(address=address, **quiet)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        # Ray sends its token only where told to: a cluster with token authentication (the
+        # default since Ray 2.5x) refuses a driver that has not set RAY_AUTH_MODE=token.
+        raise UserError(
+            f"cannot join the Ray cluster at {address}: {one_line(exc)} (if it uses token "
+            "authentication, set RAY_AUTH_MODE=token, with the head's token in ~/.ray/auth_token "
+            "or RAY_AUTH_TOKEN)"
+        ) from None
+    return True
+
+
+# ---- the evaluator -------------------------------------------------------------------------------
+@dataclass
+class _Slot:
+    """One place in the pool: its current actor, the node it is pinned to, its start state."""
+
+    index: int
+    actor: Any = None
+    node: str = ""
+    host: str = ""
+    starting: Any = None  # ObjectRef of info() until the actor is up
+    failures: int = 0
+    last_error: str = ""
+
+
+class RayEvaluator:
+    """Evaluates batches on a pool of Ray actors (see the module docstring for the protocol).
+
+    Args:
+        workload_name: a built-in workload; each actor builds it once.
+        sizes: its size parameters.
+        measure: the timing protocol.
+        workers: actors in the pool (one CPU each).
+        address: None starts Ray locally with ``workers`` CPUs; ``HOST:PORT`` joins a cluster.
+            If Ray is already initialized in this process, it is used as is.
+        trial_timeout_s: limit on one request's own build plus measurement time (waiting for a
+            free actor or measure slot does not count); the measurement gets at least 1 s.
+        fault_hook: fault injection for tests, see :class:`FaultHook`.
+
+    Raises:
+        UserError: the cluster cannot be reached, no node has the measure slot, or the workload
+            cannot be built.
+    """
+
+    def __init__(
+        self,
+        workload_name: str,
+        sizes: Mapping[str, int],
+        measure: MeasureConfig,
+        workers: int,
+        address: str | None = None,
+        trial_timeout_s: float = 300.0,
+        fault_hook: str | None = None,
+    ) -> None:
+        if workers < 1:
+            raise UserError(
+                f"--workers {workers}: the Ray evaluator needs at least 1 (0 evaluates in process)"
+            )
+        if trial_timeout_s <= 0:
+            raise ValueError(f"trial_timeout_s must be positive, got {trial_timeout_s}")
+        self.workload_name = workload_name
+        self.sizes = dict(sizes)
+        self.measure = measure
+        self.trial_timeout_s = float(trial_timeout_s)
+        self.hook = FaultHook.parse(fault_hook)
+        self.replaced = 0
+        self._ray = import_ray()
+        self._token = 0
+        self._slots: list[_Slot] = []
+        self._owns_ray = start_ray(address, workers)
+        try:
+            if not self._slot_nodes():
+                raise UserError(
+                    f"no node of the Ray cluster has the {MEASURE_SLOT} resource: start each node with "
+                    f"`ray start ... --resources='{{\"{MEASURE_SLOT}\": 1}}'`"
+                )
+            self._slots = [_Slot(i) for i in range(workers)]
+            for slot in self._slots:
+                self._start(slot)
+            self._await_start(timeout_s=max(120.0, self.trial_timeout_s))
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- the protocol --------------------------------------------------------------------
+    def evaluate(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
+        """One result per request, in request order; a candidate's failure is a failed result."""
+        for slot in self._slots:
+            if slot.actor is None:  # dropped after failed starts: try again (a node may be back)
+                slot.failures = 0
+                self._start(slot)
+        results: list[EvalResult | None] = [None] * len(requests)
+        todo = list(range(len(requests)))
+        while todo:
+            built, build_s = self._build(requests, todo, results)
+            todo = self._measure(requests, built, build_s, results)
+        assert all(r is not None for r in results)
+        return [r for r in results if r is not None]
+
+    def close(self) -> None:
+        """Kill the actors; shut Ray down if this evaluator started it (idempotent)."""
+        ray = self._ray
+        if ray.is_initialized():
+            for slot in self._slots:
+                if slot.actor is not None:
+                    ray.kill(slot.actor, no_restart=True)
+        self._slots = []
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+        self._owns_ray = False
+
+    def __enter__(self) -> RayEvaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def nodes(self) -> list[str]:
+        """The node of each live actor, in pool order."""
+        return [s.node for s in self._slots if s.actor is not None]
+
+    # ---- the pool ------------------------------------------------------------------------
+    def _slot_nodes(self) -> dict[str, float]:
+        """Alive nodes with a measure slot -> their CPUs."""
+        return {
+            n["NodeID"]: float(n["Resources"].get("CPU", 0.0))
+            for n in self._ray.nodes()
+            if n.get("Alive") and n["Resources"].get(MEASURE_SLOT, 0) >= 1
+        }
+
+    def _start(self, slot: _Slot) -> None:
+        """Start an actor for ``slot`` on the slot node with the fewest actors per CPU."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = self._slot_nodes()
+        if not nodes:
+            slot.actor, slot.starting = None, None
+            slot.last_error = f"no alive node has the {MEASURE_SLOT} resource"
+            return
+        load = Counter(s.node for s in self._slots if s.actor is not None and s is not slot)
+        node = min(nodes, key=lambda n: (load[n] / max(nodes[n], 1.0), n))
+        strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+        slot.actor = (
+            worker_actor()
+            .options(scheduling_strategy=strategy)
+            .remote(self.workload_name, self.sizes, self.hook)
+        )
+        slot.node, slot.host = node, ""
+        slot.starting = slot.actor.info.remote()
+
+    def _replace(self, slot: _Slot) -> None:
+        if slot.actor is not None:
+            self._ray.kill(slot.actor, no_restart=True)
+        self.replaced += 1
+        self._start(slot)
+
+    def _started(self, slot: _Slot) -> None:
+        """Collect ``slot``'s start: ready, or retried, or dropped after repeated failures."""
+        ray = self._ray
+        ref, slot.starting = slot.starting, None
+        try:
+            info = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            slot.failures += 1
+            slot.last_error = f"worker could not start: {one_line(exc)}"
+            if slot.failures < _MAX_START_FAILURES:
+                self._start(slot)
+            else:
+                slot.actor = None
+            return
+        if info["error"]:
+            raise UserError(info["error"])
+        slot.node, slot.host, slot.failures = info["node"], info["host"], 0
+
+    def _await_start(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while any(s.starting is not None for s in self._slots):
+            pending = {s.starting: s for s in self._slots if s.starting is not None}
+            done, _ = self._ray.wait(
+                list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+            )
+            if not done:
+                raise UserError(
+                    f"{len(pending)} Ray worker(s) did not start within {timeout_s:g} s "
+                    f"(cluster CPUs: {self._ray.cluster_resources().get('CPU', 0):g})"
+                )
+            self._started(pending[done[0]])
+        if not any(s.actor is not None for s in self._slots):
+            raise UserError(f"no Ray worker could be started: {self._slots[0].last_error}")
+
+    def _fail(
+        self, request: EvalRequest, slot: _Slot, message: str, program_hash: str = ""
+    ) -> EvalResult:
+        failed = EvalResult.failure(request.trial, request.config, message, slot.node, program_hash)
+        return dataclasses.replace(failed, extra={"host": slot.host})
+
+    # ---- phase 1: build ------------------------------------------------------------------
+    def _build(
+        self, requests: Sequence[EvalRequest], todo: list[int], results: list[EvalResult | None]
+    ) -> tuple[dict[int, list[tuple[int, int]]], dict[int, float]]:
+        """Build ``todo`` on idle actors. Returns per slot its built (request, token), and build times."""
+        ray = self._ray
+        queue = deque(todo)
+        built: dict[int, list[tuple[int, int]]] = {}
+        build_s: dict[int, float] = {}
+        running: dict[Any, tuple[_Slot, int, int, float]] = {}
+        while queue or running:
+            busy = {id(v[0]) for v in running.values()}
+            for slot in self._slots:
+                if (
+                    queue
+                    and slot.actor is not None
+                    and slot.starting is None
+                    and id(slot) not in busy
+                ):
+                    i = queue.popleft()
+                    self._token += 1
+                    ref = slot.actor.build.remote(self._token, requests[i])
+                    running[ref] = (slot, i, self._token, time.monotonic())
+            starting = {s.starting: s for s in self._slots if s.starting is not None}
+            if not running and not starting:
+                reason = next((s.last_error for s in self._slots if s.last_error), "no live actor")
+                for i in queue:
+                    results[i] = EvalResult.failure(
+                        requests[i].trial, requests[i].config, f"no Ray worker available: {reason}"
+                    )
+                break
+            deadline = min((t0 + self.trial_timeout_s for *_, t0 in running.values()), default=None)
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, _ = ray.wait(list(running) + list(starting), num_returns=1, timeout=timeout)
+            for ref in done:
+                if ref in starting:
+                    self._started(starting[ref])
+                    continue
+                slot, i, token, t0 = running.pop(ref)
+                try:
+                    phash, _compile_s, error = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    results[i] = self._fail(requests[i], slot, f"worker died: {one_line(exc)}")
+                    queue.extend(j for j, _ in built.pop(slot.index, []))
+                    self._replace(slot)
+                    continue
+                if error:
+                    results[i] = self._fail(requests[i], slot, error, phash)
+                else:
+                    built.setdefault(slot.index, []).append((i, token))
+                    build_s[i] = time.monotonic() - t0
+            now = time.monotonic()
+            for ref, (slot, i, _token, t0) in list(running.items()):
+                if now - t0 >= self.trial_timeout_s:
+                    del running[ref]
+                    results[i] = self._fail(
+                        requests[i], slot, f"timed out after {self.trial_timeout_s:g} s (build)"
+                    )
+                    queue.extend(j for j, _ in built.pop(slot.index, []))
+                    self._replace(slot)
+        return built, build_s
+
+    # ---- phase 2: measure ----------------------------------------------------------------
+    def _measure(
+        self,
+        requests: Sequence[EvalRequest],
+        built: dict[int, list[tuple[int, int]]],
+        build_s: dict[int, float],
+        results: list[EvalResult | None],
+    ) -> list[int]:
+        """Measure every built Program in its actor under the node's slot; returns requests to rebuild."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        ray = self._ray
+        queues = {index: deque(items) for index, items in built.items()}
+        rebuild: list[int] = []
+        running: dict[Any, tuple[_Slot, int]] = {}
+        while any(queues.values()) or running:
+            busy = {id(slot) for slot, _ in running.values()}
+            for index, queue in queues.items():
+                slot = self._slots[index]
+                if queue and id(slot) not in busy:
+                    i, token = queue.popleft()
+                    limit = max(_MIN_MEASURE_LIMIT_S, self.trial_timeout_s - build_s[i])
+                    strategy = NodeAffinitySchedulingStrategy(slot.node, soft=False)
+                    ref = (
+                        measure_task()
+                        .options(scheduling_strategy=strategy)
+                        .remote(slot.actor, token, self.measure, limit)
+                    )
+                    running[ref] = (slot, i)
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                slot, i = running.pop(ref)
+                try:
+                    outcome = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # the task itself was lost (node failure)
+                    outcome = MeasureOutcome("died", message=one_line(exc))
+                if outcome.status == "ok":
+                    results[i] = outcome.result
+                    continue
+                message = (
+                    f"timed out after {self.trial_timeout_s:g} s (measurement)"
+                    if outcome.status == "timeout"
+                    else f"worker died: {outcome.message}"
+                )
+                results[i] = self._fail(requests[i], slot, message)
+                rebuild.extend(j for j, _ in queues[slot.index])
+                queues[slot.index].clear()
+                self._replace(slot)
+        return rebuild
