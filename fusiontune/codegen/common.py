@@ -72,8 +72,9 @@ def signature(args: Sequence[ArgSpec]) -> str:
 def decorator(args: Sequence[ArgSpec], parallel: bool, reassoc: bool = True) -> str:
     """The ``@numba.njit`` line: eager signature, disk cache, numpy error model.
 
-    ``reassoc`` lets LLVM vectorize float reductions (it reorders the sum, which changes only
-    rounding); no other fast-math flag is set, so inf and NaN keep their meaning.
+    ``reassoc`` lets LLVM vectorize float reductions: it reorders sums and products, which
+    changes rounding and, for operands near the float limits, can overflow where the written
+    order would not. No other fast-math flag is set: NaN and inf inputs keep their meaning.
     """
     fm = "{'reassoc', 'contract'}" if reassoc else "False"
     return (
@@ -115,6 +116,12 @@ def lower_group(graph: Graph, node_names: Sequence[str], keep: Sequence[str] = (
         else:
             nodes.append(node)
     nodes = _cse(nodes, set(keep))
+    for n in nodes:
+        for v in (*n.inputs, *n.outputs):
+            if values[v].dtype == "float16":
+                # Low-precision intermediates are emulated by a pass of their own; numba has no
+                # float16 arithmetic, so a float16 tensor is refused here, not crashed on later.
+                raise NotFusable(f"{v}: float16 tensors have no numba kernel")
     scalars: dict[str, float] = {}
     arrays: dict[str, np.ndarray] = {}
     read = {i for n in nodes for i in n.inputs}

@@ -34,14 +34,29 @@ from fusiontune.codegen.rules import SCALAR_RULES, literal
 from fusiontune.ir.graph import Shape
 
 
-def _batch_view(shape: Shape, out_batch: Shape) -> int:
-    """1 when the operand's batch dims are all broadcast, the full batch when they all match."""
+def _batch_index(shape: Shape, out_batch: Shape) -> tuple[int, str]:
+    """The operand's flattened batch count, and its batch index as an expression of ``bi``.
+
+    ``bi`` runs over the output's flattened batch; dims where the operand broadcasts (size 1)
+    contribute nothing, the others their digit of ``bi`` times the operand's own stride.
+    """
     b = align(shape[:-2], len(out_batch))
-    if all(d == 1 for d in b):
-        return 1
+    if any(d not in (1, o) for d, o in zip(b, out_batch)):
+        raise NotFusable(f"MatMul operand batch {shape[:-2]} does not broadcast to {out_batch}")
+    count = int(np.prod(b)) if b else 1
+    if count == 1:
+        return 1, "0"
     if tuple(b) == tuple(out_batch):
-        return int(np.prod(out_batch))
-    raise NotFusable(f"MatMul operand batch {shape[:-2]} partially broadcasts against {out_batch}")
+        return count, "bi"
+    terms: list[str] = []
+    out_stride, own_stride = 1, 1
+    for d in reversed(range(len(out_batch))):
+        size = out_batch[d]
+        if b[d] == size and size > 1:
+            terms.append(f"((bi // {out_stride}) % {size}) * {own_stride}")
+            own_stride *= size
+        out_stride *= size
+    return count, "(" + " + ".join(terms) + ")"
 
 
 def _epilogue_view(shape: Shape, out: Shape, flat: bool) -> Shape | None:
@@ -100,25 +115,33 @@ def generate_contraction_kernel(
         raise NotFusable("MatMul needs float32 or float64 operands of one dtype")
     ob = oshape[:-2]
     M, N, K = oshape[-2], oshape[-1], low.values[a].shape[-1]
-    ba, bb = _batch_view(low.values[a].shape, ob), _batch_view(low.values[b].shape, ob)
+    (ba, a_b), (bb, b_b) = _batch_index(low.values[a].shape, ob), _batch_index(low.values[b].shape, ob)
     ext = [v for v in inputs if v not in (a, b)]
-    flat = bb == 1 and (ba == int(np.prod(ob)) or not ob) and all(
-        _epilogue_view(low.values[v].shape, oshape, True) is not None for v in (*ext, *outputs)
+    # An epilogue may read a MatMul operand too (x @ W + x): it gets a second argument, the same
+    # buffer viewed over the output's domain.
+    operand_reads = [v for v in dict.fromkeys((a, b)) if any(v in n.inputs for n in epi)]
+    flat = bb == 1 and (a_b == "bi" or not ob) and all(
+        _epilogue_view(low.values[v].shape, oshape, True) is not None for v in (*ext, *operand_reads, *outputs)
     )
     if flat:
         BC, MM = 1, int(np.prod(oshape[:-1]))
         views = {a: (1, MM, K), b: (1, K, N)}
+        a_b = b_b = "0"
     else:
         BC, MM = int(np.prod(ob)), M
         views = {a: (ba, M, K), b: (bb, K, N)}
-    for v in (*ext, *outputs):
+    epi_key = {v: f"{v}#epilogue" for v in operand_reads}
+    for v in (*ext, *operand_reads, *outputs):
         view = _epilogue_view(low.values[v].shape, oshape, flat)
         if view is None:
             raise NotFusable(f"epilogue array {v} {low.values[v].shape} has no view over {oshape}")
-        views[v] = view
+        views[epi_key.get(v, v)] = view
     args = [ArgSpec(v, views[v], low.values[v].dtype, "in") for v in inputs]
+    args += [ArgSpec(v, views[epi_key[v]], low.values[v].dtype, "in") for v in operand_reads]
     args += [ArgSpec(v, views[v], low.values[v].dtype, "out") for v in outputs]
-    an = {x.value: f"a{i}" for i, x in enumerate(args)}
+    keys = [*inputs, *(epi_key[v] for v in operand_reads), *outputs]
+    an = {k: f"a{i}" for i, k in enumerate(keys)}
+    slot = {k: i for i, k in enumerate(keys)}  # format-safe placeholder ids (names hold ':' and '/')
 
     def idx(v: str, bi: str, r: str, c: str) -> str:
         vb, vm, vn = views[v]
@@ -129,12 +152,17 @@ def generate_contraction_kernel(
     var[y] = "acc"
     body: list[str] = []
     if bias is not None:
-        body.append(f"acc = acc + {an[bias]}{{idx_{bias}}}")
+        bias_read = var[bias] if bias in low.scalars else f"{an[bias]}{{idx_{slot[bias]}}}"
+        body.append(f"acc = acc + {bias_read}")
     reads = {i for n in epi for i in n.inputs if i in ext}
     for v in ext:
         if v in reads:
             var[v] = f"e_{an[v]}"
-            body.append(f"{var[v]} = {an[v]}{{idx_{v}}}")
+            body.append(f"{var[v]} = {an[v]}{{idx_{slot[v]}}}")
+    for v in operand_reads:
+        key = epi_key[v]
+        var[v] = f"e_{an[key]}"
+        body.append(f"{var[v]} = {an[key]}{{idx_{slot[key]}}}")
     for i, n in enumerate(epi):
         dt = low.values[n.outputs[0]].dtype
         lit_dt = dt if dt != "bool" else dtype
@@ -142,7 +170,7 @@ def generate_contraction_kernel(
         expr = SCALAR_RULES[n.op]([var[x] for x in n.inputs], {**get_op(n.op).attrs, **n.attrs}, lambda c, d=lit_dt: literal(c, d), dt)
         body.append(f"v{i} = {expr}")
     for o in outputs:
-        body.append(f"{an[o]}{{idx_{o}}} = {var[o]}")
+        body.append(f"{an[o]}{{idx_{slot[o]}}} = {var[o]}")
     has_epilogue = bool(epi) or bias is not None
 
     # Where the product goes when there is no row block: the MatMul output if the group exports
@@ -154,14 +182,14 @@ def generate_contraction_kernel(
         acc_buf = an[same[0]] if same else None
 
     parallel_rows = BC * MM * N * max(K, 1) >= PARALLEL_MIN_ELEMENTS * 8
-    lines = [decorator(args, parallel=parallel_rows, reassoc=False), f"def {name}({', '.join(an[x.value] for x in args)}):"]
+    lines = [decorator(args, parallel=parallel_rows, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
     emit = lines.append
     prange = "numba.prange" if parallel_rows else "range"
 
     def epilogue(indent: str, bi: str, r: str, acc_expr: str) -> None:
         emit(f"{indent}for c in range({N}):")
         emit(f"{indent}    acc = {acc_expr}")
-        fill = {f"idx_{v}": idx(v, bi, r, "c") for v in views}
+        fill = {f"idx_{slot[v]}": idx(v, bi, r, "c") for v in views if v in slot}
         for stmt in body:
             emit(f"{indent}    " + stmt.format(**fill))
 
@@ -185,8 +213,6 @@ def generate_contraction_kernel(
     emit(f"        r0 = (t % nblk) * {size}")
     emit(f"        r1 = min(r0 + {size}, {MM})")
     gemm = gemm_name(dtype)
-    a_b = "bi" if views[a][0] != 1 else "0"
-    b_b = "bi" if views[b][0] != 1 else "0"
     if row_block and has_epilogue:
         emit(f"        blk = np.empty(({chunk}, {N}), dtype=np.{dtype})")
         emit(f"        {gemm}({an[a]}[{a_b}, r0:r1], {an[b]}[{b_b}], blk[:r1 - r0])")

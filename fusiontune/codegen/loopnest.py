@@ -113,6 +113,8 @@ def generate_loop_kernel(low: Lowered, inputs: Sequence[str], outputs: Sequence[
         NotFusable: the nodes do not form one loop nest.
     """
     dom, axes = plan_domain(low, outputs)
+    if not dom:  # scalars: a one-element loop
+        dom = (1,)
     rank = len(dom)
     aligned = {v: align(low.values[v].shape, rank) for v in (*inputs, *outputs) if len(low.values[v].shape) <= rank}
     for o in outputs:  # keepdims=False reduction outputs: view them with the reduced dims back

@@ -29,10 +29,13 @@ def group_io(graph: Graph, node_names: Sequence[str], readers_outside: dict[str,
             produced[o] = None
     ins: dict[str, None] = {}
     for n in node_names:
-        for i in graph.node(n).inputs:
+        node = graph.node(n)
+        for k, i in enumerate(node.inputs):
             if i not in produced:
                 arr = graph.constants.get(i)
-                if arr is not None and arr.size == 1 and arr.dtype.kind in "fib":
+                # One-element constants become literals, except a MatMul's matrices (a 1x1 weight).
+                operand = node.op == "MatMul" and k < 2
+                if arr is not None and arr.size == 1 and arr.dtype.kind in "fib" and not operand:
                     continue
                 ins[i] = None
     outside = {i for n in graph.nodes if n.name not in inside for i in n.inputs}

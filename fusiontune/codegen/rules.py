@@ -66,13 +66,14 @@ SCALAR_RULES: dict[str, ScalarRule] = {
     "Mul": lambda a, at, lit, dt: f"({a[0]} * {a[1]})",
     "Div": lambda a, at, lit, dt: f"({a[0]} / {a[1]})",
     "Pow": _pow,
-    "Maximum": lambda a, at, lit, dt: f"max({a[0]}, {a[1]})",
-    "Minimum": lambda a, at, lit, dt: f"min({a[0]}, {a[1]})",
+    # np.maximum / np.minimum, not max / min: NaN propagates as numpy's reference does.
+    "Maximum": lambda a, at, lit, dt: f"np.maximum({a[0]}, {a[1]})",
+    "Minimum": lambda a, at, lit, dt: f"np.minimum({a[0]}, {a[1]})",
     "Greater": lambda a, at, lit, dt: f"({a[0]} > {a[1]})",
     "Less": lambda a, at, lit, dt: f"({a[0]} < {a[1]})",
     "Equal": lambda a, at, lit, dt: f"({a[0]} == {a[1]})",
     "Neg": lambda a, at, lit, dt: f"(-{a[0]})",
-    "Relu": lambda a, at, lit, dt: f"max({a[0]}, {lit(0.0)})",
+    "Relu": lambda a, at, lit, dt: f"np.maximum({a[0]}, {lit(0.0)})",
     "Reciprocal": lambda a, at, lit, dt: f"({lit(1.0)} / {a[0]})",
     "Sqrt": lambda a, at, lit, dt: f"np.sqrt({a[0]})",
     "Rsqrt": lambda a, at, lit, dt: f"({lit(1.0)} / np.sqrt({a[0]}))",
@@ -94,7 +95,7 @@ SCALAR_RULES: dict[str, ScalarRule] = {
 REDUCE_RULES: dict[str, tuple[float, str, str]] = {
     "ReduceSum": (0.0, "{acc} += {v}", "{acc}"),
     "ReduceMean": (0.0, "{acc} += {v}", "{acc} * {inv_n}"),
-    "ReduceMax": (-np.inf, "{acc} = {v} if {v} > {acc} else {acc}", "{acc}"),
+    "ReduceMax": (-np.inf, "{acc} = np.maximum({acc}, {v})", "{acc}"),
 }
 
 LAYOUT_OPS = ("Reshape", "Transpose", "Concat", "Split", "Slice")

@@ -1,0 +1,658 @@
+"""Every op of the catalogue: a shape rule, a reference, a codegen rule, and a kernel that agrees.
+
+The interpreter is the definition of each op (CONVENTIONS point 4). This file walks
+``fusiontune.ir.ops.CATALOGUE``; :data:`CASES` holds small one-op graphs (broadcasting, several
+axes, keepdims=False, every layout op, bool and float64 casts...) and each one, compiled as a single
+kernel, must agree with the interpreter in the graph's own dtype (float32 tolerance) and with the
+float64 interpreter (a looser tolerance: the float32 rounding of the op). Adding an op to the
+catalogue without a case here fails :func:`test_every_catalogue_op_has_a_kernel_case`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from fusiontune.codegen.rules import rule_kind
+from fusiontune.ir import CATALOGUE, Graph, GraphBuilder, Tensor, run_graph
+from fusiontune.passes.fused_graph import FusedGraph
+from fusiontune.runtime import build_program
+
+F32_RTOL, F32_ATOL = 1e-5, 1e-6  # kernel vs the interpreter in the graph's own dtype
+F64_RTOL, F64_ATOL = 1e-4, 1e-5  # kernel vs the float64 interpreter
+
+Build = Callable[[GraphBuilder], "Tensor | tuple[Tensor, ...]"]
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One small graph around one op.
+
+    Attributes:
+        op: the catalogue op under test (the graph may hold only this op).
+        id: the pytest id.
+        build: adds inputs, constants and the op to a builder; returns the outputs.
+        domain: how inputs are drawn: ``normal``, ``positive`` (uniform in [0.5, 2]) or ``ints``
+            (small integers, so that Equal and Cast-to-bool see ties and zeros).
+        dtype: the graph's float dtype.
+        rtol, atol: tolerance against the interpreter in the graph's own dtype.
+        bug: a known library bug this case exposes; its kernel tests are strict xfails until the
+            bug is fixed (then the xfail turns into a failure and the marker must go).
+    """
+
+    op: str
+    id: str
+    build: Build
+    domain: str = "normal"
+    dtype: str = "float32"
+    rtol: float = F32_RTOL
+    atol: float = F32_ATOL
+    bug: str = ""
+
+
+def _c(g: GraphBuilder, shape: tuple[int, ...], seed: int, positive: bool = False) -> Tensor:
+    """A deterministic non-scalar constant (weights, gamma, bias)."""
+    rng = np.random.default_rng(seed)
+    arr = rng.uniform(0.5, 1.5, shape) if positive else rng.standard_normal(shape)
+    return g.const(arr.astype(g.dtype))
+
+
+def _binary(op: str) -> list[OpCase]:
+    """Same shapes, row / column / both-sided / rank-changing broadcasts, a scalar constant."""
+    domain = "positive" if op in ("Div", "Pow") else "normal"
+    f = getattr(GraphBuilder, {"Maximum": "maximum", "Minimum": "minimum"}.get(op, op.lower()))
+    shapes = {
+        "same": ((4, 5), (4, 5)),
+        "row": ((4, 5), (5,)),
+        "col": ((4, 5), (4, 1)),
+        "outer": ((4, 1), (1, 5)),
+        "rank3": ((2, 3, 5), (3, 1)),
+        "lhs_small": ((1, 5), (3, 4, 5)),
+        "rank0": ((4, 5), ()),
+    }
+    cases = [
+        OpCase(
+            op, f"{op}-{name}", lambda g, a=a, b=b: f(g, g.input("a", a), g.input("b", b)), domain
+        )
+        for name, (a, b) in shapes.items()
+    ]
+    scalar = 2.0 if op != "Pow" else 3.0
+    cases.append(
+        OpCase(op, f"{op}-scalar_const", lambda g: f(g, g.input("a", (4, 5)), scalar), domain)
+    )
+    cases.append(OpCase(op, f"{op}-const_lhs", lambda g: f(g, 0.5, g.input("a", (4, 5))), domain))
+    return cases
+
+
+def _unary(op: str, domain: str = "normal") -> list[OpCase]:
+    f = getattr(GraphBuilder, op.lower())
+    return [
+        OpCase(op, f"{op}-2d", lambda g: f(g, g.input("x", (4, 7))), domain),
+        OpCase(op, f"{op}-3d", lambda g: f(g, g.input("x", (2, 3, 33))), domain),
+    ]
+
+
+def _reduce(op: str) -> list[OpCase]:
+    f = getattr(
+        GraphBuilder,
+        {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max"}[op],
+    )
+    axes_cases = [
+        ((-1,), True),
+        ((0,), True),
+        ((1,), True),
+        ((0, 2), True),
+        ((1, 2), False),
+        ((-1,), False),
+        ((0,), False),
+    ]
+    cases = [
+        OpCase(
+            op,
+            f"{op}-axes{'_'.join(map(str, axes))}-{'keep' if keep else 'drop'}",
+            lambda g, axes=axes, keep=keep: f(g, g.input("x", (3, 5, 7)), axes, keepdims=keep),
+        )
+        for axes, keep in axes_cases
+    ]
+    cases.append(
+        OpCase(
+            op,
+            f"{op}-all-keep",
+            lambda g: g.op(op, g.input("x", (3, 5, 7)), axes=None, keepdims=True),
+        )
+    )
+    cases.append(
+        OpCase(
+            op,
+            f"{op}-all-drop",
+            lambda g: g.op(op, g.input("x", (3, 5, 7)), axes=None, keepdims=False),
+        )
+    )
+    return cases
+
+
+def _norm_params(g: GraphBuilder, n: int, as_inputs: bool) -> tuple[Tensor, Tensor]:
+    if as_inputs:
+        return g.input("gamma", (n,)), g.input("beta", (n,))
+    return _c(g, (n,), 1, positive=True), _c(g, (n,), 2)
+
+
+NORM_RTOL, NORM_ATOL = 2e-5, 1e-5  # the expansion divides by a rsqrt; the reference by a sqrt
+
+CASES: tuple[OpCase, ...] = (
+    # ---- elementwise, binary -------------------------------------------------------------------
+    *_binary("Add"),
+    *_binary("Sub"),
+    *_binary("Mul"),
+    *_binary("Div"),
+    *_binary("Maximum"),
+    *_binary("Minimum"),
+    *_binary("Pow"),
+    OpCase("Pow", "Pow-square", lambda g: g.pow(g.input("a", (4, 5)), 2.0)),
+    OpCase("Pow", "Pow-sqrt", lambda g: g.pow(g.input("a", (4, 5)), 0.5), "positive"),
+    OpCase(
+        "Greater", "Greater-same", lambda g: g.greater(g.input("a", (4, 5)), g.input("b", (4, 5)))
+    ),
+    OpCase("Greater", "Greater-row", lambda g: g.greater(g.input("a", (4, 5)), g.input("b", (5,)))),
+    OpCase("Greater", "Greater-scalar", lambda g: g.greater(g.input("a", (4, 5)), 0.5)),
+    OpCase("Less", "Less-col", lambda g: g.less(g.input("a", (4, 5)), g.input("b", (4, 1)))),
+    OpCase("Less", "Less-scalar", lambda g: g.less(g.input("a", (4, 5)), -0.5)),
+    OpCase(
+        "Equal",
+        "Equal-outer",
+        lambda g: g.equal(g.input("a", (4, 1)), g.input("b", (1, 5))),
+        "ints",
+    ),
+    OpCase("Equal", "Equal-scalar", lambda g: g.equal(g.input("a", (4, 5)), 1.0), "ints"),
+    OpCase(
+        "BiasAdd", "BiasAdd-input", lambda g: g.bias_add(g.input("x", (4, 6)), g.input("b", (6,)))
+    ),
+    OpCase(
+        "BiasAdd", "BiasAdd-const3d", lambda g: g.bias_add(g.input("x", (2, 3, 6)), _c(g, (6,), 3))
+    ),
+    OpCase(
+        "SwiGlu", "SwiGlu-same", lambda g: g.swiglu(g.input("gate", (4, 6)), g.input("up", (4, 6)))
+    ),
+    OpCase(
+        "SwiGlu", "SwiGlu-bcast", lambda g: g.swiglu(g.input("gate", (4, 6)), g.input("up", (1, 6)))
+    ),
+    OpCase(
+        "Add",
+        "Add-float64",
+        lambda g: g.add(g.input("a", (4, 5)), g.input("b", (5,))),
+        dtype="float64",
+        rtol=1e-12,
+        atol=1e-14,
+    ),
+    OpCase(
+        "Where",
+        "Where-bool_input",
+        lambda g: g.where(g.input("c", (4, 5), "bool"), g.input("a", (4, 5)), g.input("b", (4, 5))),
+    ),
+    OpCase(
+        "Where",
+        "Where-bcast",
+        lambda g: g.where(g.input("c", (4, 1), "bool"), g.input("a", (1, 5)), g.input("b", (4, 5))),
+    ),
+    OpCase(
+        "Where",
+        "Where-scalar_branch",
+        lambda g: g.where(g.input("c", (4, 5), "bool"), g.input("a", (4, 5)), -1e9),
+    ),
+    OpCase(
+        "Where",
+        "Where-const_cond",
+        lambda g: g.where(
+            g.const(np.eye(4, 5, dtype=bool)), g.input("a", (4, 5)), g.input("b", (5,))
+        ),
+    ),
+    # ---- elementwise, unary ----------------------------------------------------------------------
+    *_unary("Neg"),
+    *_unary("Relu"),
+    *_unary("Reciprocal", "positive"),
+    *_unary("Sqrt", "positive"),
+    *_unary("Rsqrt", "positive"),
+    *_unary("Exp"),
+    *_unary("Log", "positive"),
+    *_unary("Tanh"),
+    *_unary("Erf"),
+    *_unary("Sigmoid"),
+    *_unary("Silu"),
+    *_unary("Gelu"),
+    OpCase("Gelu", "Gelu-tanh", lambda g: g.gelu(g.input("x", (4, 7)), approximate="tanh")),
+    OpCase("Cast", "Cast-to_float64", lambda g: g.cast(g.input("x", (4, 5)), "float64")),
+    OpCase("Cast", "Cast-to_bool", lambda g: g.cast(g.input("x", (4, 5)), "bool"), "ints"),
+    OpCase(
+        "Cast", "Cast-bool_to_float32", lambda g: g.cast(g.input("c", (4, 5), "bool"), "float32")
+    ),
+    OpCase(
+        "Cast",
+        "Cast-float64_to_float32",
+        lambda g: g.cast(g.input("x", (4, 5)), "float32"),
+        dtype="float64",
+    ),
+    OpCase(
+        "Neg",
+        "Neg-rank0",
+        lambda g: g.neg(g.input("x", ())),
+    ),
+    OpCase(
+        "Add",
+        "Add-rank0_both",
+        lambda g: g.add(g.input("a", ()), g.input("b", ())),
+    ),
+    OpCase("Cast", "Cast-to_int32", lambda g: g.cast(g.input("x", (4, 5)), "int32"), "ints"),
+    # ---- reductions ------------------------------------------------------------------------------
+    *_reduce("ReduceSum"),
+    *_reduce("ReduceMean"),
+    *_reduce("ReduceMax"),
+    OpCase("Softmax", "Softmax-last", lambda g: g.softmax(g.input("x", (4, 9)))),
+    OpCase("Softmax", "Softmax-axis0", lambda g: g.softmax(g.input("x", (4, 9)), axis=0)),
+    OpCase("Softmax", "Softmax-axis1_of_3", lambda g: g.softmax(g.input("x", (2, 5, 3)), axis=1)),
+    OpCase("Softmax", "Softmax-3d_last", lambda g: g.softmax(g.input("x", (2, 3, 16)), axis=-1)),
+    OpCase(
+        "LayerNorm",
+        "LayerNorm-const_params",
+        lambda g: g.layer_norm(g.input("x", (4, 16)), *_norm_params(g, 16, False)),
+        rtol=NORM_RTOL,
+        atol=NORM_ATOL,
+    ),
+    OpCase(
+        "LayerNorm",
+        "LayerNorm-input_params_3d",
+        lambda g: g.layer_norm(g.input("x", (2, 3, 8)), *_norm_params(g, 8, True), eps=1e-3),
+        rtol=NORM_RTOL,
+        atol=NORM_ATOL,
+    ),
+    OpCase(
+        "RMSNorm",
+        "RMSNorm-const",
+        lambda g: g.rms_norm(g.input("x", (4, 16)), _c(g, (16,), 1, True)),
+        rtol=NORM_RTOL,
+        atol=NORM_ATOL,
+    ),
+    OpCase(
+        "RMSNorm",
+        "RMSNorm-input_3d",
+        lambda g: g.rms_norm(g.input("x", (2, 3, 8)), g.input("gamma", (8,))),
+        rtol=NORM_RTOL,
+        atol=NORM_ATOL,
+    ),
+    OpCase(
+        "AddLayerNorm",
+        "AddLayerNorm-same",
+        lambda g: g.op(
+            "AddLayerNorm",
+            g.input("a", (4, 16)),
+            g.input("b", (4, 16)),
+            *_norm_params(g, 16, False),
+            n_outputs=2,
+        ),
+        rtol=NORM_RTOL,
+        atol=NORM_ATOL,
+    ),
+    OpCase(
+        "AddLayerNorm",
+        "AddLayerNorm-bcast_residual",
+        lambda g: g.op(
+            "AddLayerNorm",
+            g.input("a", (2, 3, 8)),
+            g.input("b", (3, 8)),
+            *_norm_params(g, 8, True),
+            n_outputs=2,
+        ),
+        rtol=NORM_RTOL,
+        atol=NORM_ATOL,
+    ),
+    OpCase(
+        "AddRmsNorm",
+        "AddRmsNorm-same",
+        lambda g: g.op(
+            "AddRmsNorm",
+            g.input("a", (4, 16)),
+            g.input("b", (4, 16)),
+            _c(g, (16,), 1, True),
+            n_outputs=2,
+        ),
+        rtol=NORM_RTOL,
+        atol=NORM_ATOL,
+    ),
+    OpCase(
+        "AddRmsNorm",
+        "AddRmsNorm-bcast_residual",
+        lambda g: g.op(
+            "AddRmsNorm",
+            g.input("a", (2, 3, 8)),
+            g.input("b", (1, 8)),
+            g.input("gamma", (8,)),
+            n_outputs=2,
+        ),
+        rtol=NORM_RTOL,
+        atol=NORM_ATOL,
+    ),
+    # ---- contraction -----------------------------------------------------------------------------
+    OpCase("MatMul", "MatMul-2d", lambda g: g.matmul(g.input("a", (5, 7)), g.input("b", (7, 3)))),
+    OpCase(
+        "MatMul", "MatMul-const_weight", lambda g: g.matmul(g.input("a", (5, 7)), _c(g, (7, 3), 4))
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-bias_vector",
+        lambda g: g.matmul(g.input("a", (5, 7)), _c(g, (7, 3), 4), _c(g, (3,), 5)),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-bias_matrix",
+        lambda g: g.matmul(g.input("a", (5, 7)), g.input("b", (7, 3)), g.input("bias", (5, 3))),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-batched",
+        lambda g: g.matmul(g.input("a", (2, 5, 7)), g.input("b", (2, 7, 3))),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-batched_bias",
+        lambda g: g.matmul(
+            g.input("a", (2, 5, 7)), g.input("b", (2, 7, 3)), g.input("bias", (2, 1, 3))
+        ),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-bcast_weight",
+        lambda g: g.matmul(g.input("a", (2, 5, 7)), g.input("b", (7, 3))),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-bcast_weight_bias",
+        lambda g: g.matmul(g.input("a", (2, 5, 7)), _c(g, (7, 3), 4), _c(g, (3,), 5)),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-bcast_lhs",
+        lambda g: g.matmul(g.input("a", (1, 5, 7)), g.input("b", (3, 7, 4))),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-batched_4d",
+        lambda g: g.matmul(g.input("a", (2, 3, 4, 5)), g.input("b", (2, 3, 5, 6))),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-bias_size1_const",  # Linear(hidden, 1): a regression head
+        lambda g: g.matmul(
+            g.input("a", (5, 4)), _c(g, (4, 1), 4), g.const(np.full((1,), 0.5, np.float32))
+        ),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-weight_1x1_const",
+        lambda g: g.matmul(g.input("a", (5, 1)), g.const(np.full((1, 1), 2.0, np.float32))),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-partial_batch_bcast",
+        lambda g: g.matmul(g.input("a", (2, 1, 4, 5)), g.input("b", (1, 3, 5, 6))),
+    ),
+    OpCase(
+        "MatMul",
+        "MatMul-float64",
+        lambda g: g.matmul(g.input("a", (5, 7)), g.input("b", (7, 3))),
+        dtype="float64",
+        rtol=1e-12,
+        atol=1e-13,
+    ),
+    # ---- layout ----------------------------------------------------------------------------------
+    OpCase("Reshape", "Reshape-flatten", lambda g: g.reshape(g.input("x", (3, 4, 5)), (12, 5))),
+    OpCase(
+        "Reshape", "Reshape-minus1_and_0", lambda g: g.reshape(g.input("x", (3, 4, 5)), (0, -1))
+    ),
+    OpCase("Transpose", "Transpose-2d", lambda g: g.transpose(g.input("x", (3, 5)), (1, 0))),
+    OpCase(
+        "Transpose", "Transpose-perm201", lambda g: g.transpose(g.input("x", (2, 3, 4)), (2, 0, 1))
+    ),
+    OpCase(
+        "Transpose",
+        "Transpose-default_reverses",
+        lambda g: g.op("Transpose", g.input("x", (2, 3, 4))),
+    ),
+    OpCase(
+        "Concat",
+        "Concat-axis0",
+        lambda g: g.concat([g.input("a", (2, 5)), g.input("b", (3, 5))], axis=0),
+    ),
+    OpCase(
+        "Concat",
+        "Concat-axis1_three",
+        lambda g: g.concat(
+            [g.input("a", (2, 1, 4)), g.input("b", (2, 3, 4)), g.input("c", (2, 2, 4))], axis=1
+        ),
+    ),
+    OpCase(
+        "Concat",
+        "Concat-last_with_const",
+        lambda g: g.concat([g.input("a", (3, 2)), _c(g, (3, 4), 6)], axis=-1),
+    ),
+    OpCase(
+        "Split", "Split-axis1_three", lambda g: g.split(g.input("x", (2, 7, 3)), (2, 3, 2), axis=1)
+    ),
+    OpCase("Split", "Split-last", lambda g: g.split(g.input("x", (4, 6)), (1, 5), axis=-1)),
+    OpCase(
+        "Slice", "Slice-window", lambda g: g.slice(g.input("x", (6, 8)), (1, 2), (5, 7), (0, 1))
+    ),
+    OpCase(
+        "Slice",
+        "Slice-steps",
+        lambda g: g.slice(g.input("x", (6, 8)), (0, 1), (6, 8), (0, 1), (2, 3)),
+    ),
+    OpCase(
+        "Slice",
+        "Slice-negative_step",
+        lambda g: g.slice(g.input("x", (4, 8)), (-1,), (-100,), (1,), (-2,)),
+    ),
+    OpCase(
+        "Slice",
+        "Slice-clamped_end_3d",
+        lambda g: g.slice(g.input("x", (2, 5, 4)), (1,), (1000,), (-2,)),
+    ),
+    OpCase("Expand", "Expand-rows", lambda g: g.expand(g.input("x", (1, 5)), (3, 5))),
+    OpCase("Expand", "Expand-cols", lambda g: g.expand(g.input("x", (3, 1)), (3, 4))),
+    OpCase("Expand", "Expand-rank", lambda g: g.expand(g.input("x", (5,)), (2, 3, 5))),
+)
+
+
+def build_case(case: OpCase) -> Graph:
+    g = GraphBuilder(case.id.replace("-", "_"), dtype=case.dtype)
+    out = case.build(g)
+    g.output(*(out if isinstance(out, tuple) else (out,)))
+    return g.build()
+
+
+def case_inputs(graph: Graph, domain: str, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name in graph.inputs:
+        v = graph.values[name]
+        if v.dtype == "bool":
+            arr = rng.random(v.shape) < 0.5
+        elif domain == "positive":
+            arr = rng.uniform(0.5, 2.0, v.shape)
+        elif domain == "ints":
+            arr = rng.integers(-2, 3, v.shape)
+        else:
+            arr = rng.standard_normal(v.shape)
+        out[name] = np.asarray(arr).astype(v.dtype)
+    return out
+
+
+def kernel_params(cases: tuple[OpCase, ...] = CASES) -> list[object]:
+    """Cases as pytest params; a case with a known bug is a strict xfail."""
+    return [
+        pytest.param(c, id=c.id, marks=pytest.mark.xfail(strict=True, reason=c.bug))
+        if c.bug
+        else pytest.param(c, id=c.id)
+        for c in cases
+    ]
+
+
+def run_as_one_kernel(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    prog = build_program(FusedGraph.singletons(graph))
+    assert prog.kernel_count == 1
+    return {k: np.array(v, copy=True) for k, v in prog.run(inputs).items()}
+
+
+def assert_agrees(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, what: str) -> None:
+    assert got.shape == want.shape, what
+    if want.dtype == np.bool_ or np.issubdtype(want.dtype, np.integer):
+        np.testing.assert_array_equal(got, want, err_msg=what)
+    else:
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
+
+
+# ---- the catalogue ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_op_declares_shape_rule_reference_and_codegen_rule(name: str) -> None:
+    op = CATALOGUE[name]
+    assert op.name == name
+    assert op.kind in ("elementwise", "reduction", "contraction", "layout")
+    assert callable(op.infer), f"{name} has no shape rule"
+    assert callable(op.reference), f"{name} has no numpy reference"
+    assert rule_kind(name) is not None, f"{name} has no codegen rule"
+    assert op.doc, f"{name} has no one-line doc"
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_codegen_rule_matches_op_kind(name: str) -> None:
+    allowed = {
+        "elementwise": {"scalar"},
+        "reduction": {"reduce", "expand"},
+        "contraction": {"contraction"},
+        "layout": {"layout", "scalar"},  # Expand is an index map inside a loop nest
+    }
+    assert rule_kind(name) in allowed[CATALOGUE[name].kind]
+
+
+def test_every_catalogue_op_has_a_kernel_case() -> None:
+    missing = sorted(set(CATALOGUE) - {c.op for c in CASES})
+    assert not missing, f"ops without a case in CASES (add one): {missing}"
+
+
+def test_case_ids_are_unique() -> None:
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_case_graph_is_the_op_alone(case: OpCase) -> None:
+    graph = build_case(case)
+    assert [n.op for n in graph.nodes] == [case.op]
+
+
+# ---- the interpreter: shape rule and reference agree ---------------------------------------------
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_reference_output_has_declared_shape_and_dtype(case: OpCase) -> None:
+    graph = build_case(case)
+    outs = run_graph(graph, case_inputs(graph, case.domain), dtype=None)
+    for name, arr in outs.items():
+        v = graph.values[name]
+        assert arr.shape == v.shape, name
+        assert str(arr.dtype) == v.dtype, name
+
+
+# ---- codegen: one kernel per op agrees with the interpreter --------------------------------------
+@pytest.mark.parametrize("case", kernel_params())
+def test_kernel_matches_interpreter_in_graph_dtype(case: OpCase) -> None:
+    graph = build_case(case)
+    inputs = case_inputs(graph, case.domain)
+    got = run_as_one_kernel(graph, inputs)
+    want = run_graph(graph, inputs, dtype=None)
+    for name in graph.outputs:
+        assert got[name].dtype == want[name].dtype, name
+        assert_agrees(got[name], want[name], case.rtol, case.atol, f"{case.id}:{name}")
+
+
+@pytest.mark.parametrize("case", kernel_params())
+def test_kernel_matches_float64_interpreter(case: OpCase) -> None:
+    graph = build_case(case)
+    inputs = case_inputs(graph, case.domain, seed=1)
+    got = run_as_one_kernel(graph, inputs)
+    want = run_graph(graph, inputs, dtype="float64")
+    for name in graph.outputs:
+        rtol, atol = (
+            (F64_RTOL, F64_ATOL)
+            if graph.values[name].dtype != "float64"
+            else (case.rtol, case.atol)
+        )
+        assert_agrees(got[name], want[name], rtol, atol, f"{case.id}:{name}")
+
+
+# ---- special values: NaN and infinities mean what numpy says ---------------------------------------
+SPECIAL = np.array(
+    [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -3.0], dtype=np.float32
+)
+NAN_BUGS: dict[str, str] = {}
+
+
+def _special_params() -> list[object]:
+    ops = [
+        n
+        for n, op in sorted(CATALOGUE.items())
+        if op.kind == "elementwise" and n not in ("Cast", "Where", "BiasAdd")
+    ]
+    return [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=NAN_BUGS[n]))
+        if n in NAN_BUGS
+        else n
+        for n in ops
+    ]
+
+
+@pytest.mark.parametrize("name", _special_params())
+def test_elementwise_kernel_keeps_nan_and_inf_semantics(name: str) -> None:
+    """Every pair of special values (NaN, +-inf, +-0, ...) through the op, kernel vs interpreter."""
+    g = GraphBuilder(f"special_{name}")
+    n = len(SPECIAL)
+    operands = [g.input("a", (n, n))] + [g.input("b", (n, n))] * (CATALOGUE[name].arity == 2)
+    g.output(g.op(name, *operands))
+    graph = g.build()
+    inputs = {"a": np.repeat(SPECIAL, n).reshape(n, n), "b": np.tile(SPECIAL, n).reshape(n, n)}
+    inputs = {k: inputs[k] for k in graph.inputs}
+    got = run_as_one_kernel(graph, inputs)[graph.outputs[0]]
+    want = run_graph(graph, inputs, dtype=None)[graph.outputs[0]]
+    if want.dtype == np.bool_:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=F32_RTOL, atol=F32_ATOL, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceMax",
+    ],
+)
+def test_reduction_kernel_propagates_nan(name: str) -> None:
+    g = GraphBuilder(f"nan_{name}")
+    g.output(g.op(name, g.input("x", (3, 5)), axes=(-1,), keepdims=True))
+    graph = g.build()
+    x = np.arange(15, dtype=np.float32).reshape(3, 5)
+    x[0, 2] = np.nan
+    x[1, 0] = np.nan
+    got = run_as_one_kernel(graph, {"x": x})[graph.outputs[0]]
+    want = run_graph(graph, {"x": x}, dtype=None)[graph.outputs[0]]
+    np.testing.assert_allclose(got, want, equal_nan=True)
+
+
+def test_float16_tensors_are_refused_cleanly() -> None:
+    """numba has no float16 arithmetic: codegen says so (NotFusable), it does not crash in numba."""
+    from fusiontune.codegen import NotFusable
+
+    g = GraphBuilder("f16")
+    g.output(g.cast(g.input("x", (4, 5)), "float16"))
+    with pytest.raises(NotFusable, match="float16"):
+        build_program(FusedGraph.singletons(g.build()))
