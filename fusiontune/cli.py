@@ -224,6 +224,88 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return int(run_command(args))
 
 
+# ---- tune and report -----------------------------------------------------------------------------
+def _cmd_tune(args: argparse.Namespace) -> int:
+    # Lazy: optuna, numba and (with workers) Ray are paid for only by the commands that use them.
+    from fusiontune.tune.tune_cmd import tune_command
+
+    return int(tune_command(args))
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from fusiontune.report.build import report_command
+
+    return int(report_command(args))
+
+
+def _add_tune_parsers(sub: Any) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="search fusion configurations (optuna over passes and split points), then report",
+        description="Search a space (search_spaces/*.toml) for the fastest configuration within its"
+        " accuracy bound. Results go to results/<study>/; the same command run again continues the"
+        " study up to --trials. Ctrl-C stops after the trials in flight are recorded.",
+    )
+    p.add_argument(
+        "space", metavar="SPACE", help="a search space file, e.g. search_spaces/mlp.toml"
+    )
+    p.add_argument(
+        "--trials",
+        metavar="N",
+        type=int,
+        help="total finished trials to reach (default: the space's)",
+    )
+    p.add_argument(
+        "--timeout",
+        metavar="DURATION",
+        help='wall-time budget, e.g. "30m", "8h" (default: the space\'s)',
+    )
+    p.add_argument(
+        "--workers",
+        metavar="K",
+        type=int,
+        help="Ray workers; 0 evaluates in this process (default: the space's)",
+    )
+    p.add_argument(
+        "--ray-address", metavar="ADDR", help="join a running Ray cluster instead of starting one"
+    )
+    p.add_argument(
+        "--storage",
+        metavar="URL",
+        help="SQLAlchemy URL of the study (default: sqlite:///results/<study>/study.db)",
+    )
+    p.add_argument("--study", metavar="NAME", help="study name (default: the space's name)")
+    p.add_argument(
+        "--sampler", metavar="NAME", help="tpe, random, grid or nsga2 (default: the space's)"
+    )
+    p.add_argument("--seed", metavar="S", type=int, help="sampler seed (default: the space's)")
+    p.add_argument(
+        "--top-k",
+        metavar="K",
+        type=int,
+        help="configurations measured again at the end (default: the space's)",
+    )
+    p.add_argument("--no-confirm", action="store_true", help="skip the confirmation measurements")
+    p.add_argument(
+        "--replay", metavar="STUDY_DB", help="answer from a recorded study instead of measuring"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_tune)
+
+    p = sub.add_parser(
+        "report",
+        help="rebuild a study's tables, plots and recommended fusion_switch.cfg from its database",
+    )
+    p.add_argument("results_dir", metavar="RESULTS_DIR", help="results/<study>")
+    p.add_argument(
+        "--storage", metavar="URL", help="SQLAlchemy URL (default: sqlite:///RESULTS_DIR/study.db)"
+    )
+    p.add_argument(
+        "--study", metavar="NAME", help="study name (default: the only study in the storage)"
+    )
+    p.set_defaults(func=_cmd_report)
+
+
 # ---- parser and entry point ----------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand (exposed for tests and docs)."""
@@ -288,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="where fusion_result.json goes (default results/run_<workload>)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_run)
+
+    _add_tune_parsers(sub)
     return parser
 
 

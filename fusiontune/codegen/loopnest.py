@@ -263,6 +263,8 @@ def generate_loop_kernel(low: Lowered, inputs: Sequence[str], outputs: Sequence[
         for n in reds:
             init = literal(REDUCE_RULES[n.op][0], low.values[n.outputs[0]].dtype)
             out(f"{ind}acc_{var[n.outputs[0]]} = {init}")
+            if any("{flag}" in u for u in REDUCE_RULES[n.op][1]):
+                out(f"{ind}flag_{var[n.outputs[0]]} = False")
         loop_ind = ind
         for k in inner:
             out(f"{loop_ind}for j{k} in range({cdom[k]}):")
@@ -283,14 +285,18 @@ def generate_loop_kernel(low: Lowered, inputs: Sequence[str], outputs: Sequence[
             if v in stash and stash[v][1] == r:
                 out(f"{loop_ind}{arg_name[stash[v][0]]}{index(stash[v][0])} = {var[v]}")
         for n in reds:
-            upd = REDUCE_RULES[n.op][1].format(acc=f"acc_{var[n.outputs[0]]}", v=var[n.inputs[0]])
-            out(f"{loop_ind}{upd}")
+            for upd in REDUCE_RULES[n.op][1]:
+                names = {"acc": f"acc_{var[n.outputs[0]]}", "flag": f"flag_{var[n.outputs[0]]}", "v": var[n.inputs[0]]}
+                out(f"{loop_ind}{upd.format(**names)}")
         for o in stores:
             out(f"{loop_ind}{arg_name[o]}{index(o)} = {var[o]}")
         for n in reds:
             count = int(np.prod([dom[a] for a in axes]))
             inv = literal(1.0 / count, low.values[n.outputs[0]].dtype)
-            fin = REDUCE_RULES[n.op][2].format(acc=f"acc_{var[n.outputs[0]]}", inv_n=inv)
+            fin = REDUCE_RULES[n.op][2].format(
+                acc=f"acc_{var[n.outputs[0]]}", flag=f"flag_{var[n.outputs[0]]}", inv_n=inv,
+                nan=literal(float("nan"), low.values[n.outputs[0]].dtype),
+            )
             out(f"{ind}{var[n.outputs[0]]} = {fin}")
             done_lead.add(n.outputs[0])
             if n.outputs[0] in outputs and not looped[n.outputs[0]]:

@@ -91,11 +91,18 @@ SCALAR_RULES: dict[str, ScalarRule] = {
     "Expand": lambda a, at, lit, dt: a[0],
 }
 
-# Reductions: (initial value, update statement template, finish expression template).
-REDUCE_RULES: dict[str, tuple[float, str, str]] = {
-    "ReduceSum": (0.0, "{acc} += {v}", "{acc}"),
-    "ReduceMean": (0.0, "{acc} += {v}", "{acc} * {inv_n}"),
-    "ReduceMax": (-np.inf, "{acc} = np.maximum({acc}, {v})", "{acc}"),
+# Reductions: (initial value, update statements, finish expression). ``{flag}`` is a boolean
+# accumulator initialized False. The max keeps a select (which vectorizes) and a separate
+# "seen a NaN" flag, so that NaN propagates as in np.max without a NaN-aware maximum per element
+# (np.maximum in the loop kept it scalar: 3x slower).
+REDUCE_RULES: dict[str, tuple[float, tuple[str, ...], str]] = {
+    "ReduceSum": (0.0, ("{acc} += {v}",), "{acc}"),
+    "ReduceMean": (0.0, ("{acc} += {v}",), "{acc} * {inv_n}"),
+    "ReduceMax": (
+        -np.inf,
+        ("{acc} = {v} if {v} > {acc} else {acc}", "{flag} = {flag} | ({v} != {v})"),
+        "{acc} if not {flag} else {nan}",
+    ),
 }
 
 LAYOUT_OPS = ("Reshape", "Transpose", "Concat", "Split", "Slice")

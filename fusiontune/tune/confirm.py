@@ -1,0 +1,362 @@
+"""Confirmation: measure the best configurations again, interleaved, in one process.
+
+A sweep's measurements come from different workers at different times; the ranking at its top
+is within their noise. The confirmation stage takes the top k feasible configurations (one per
+distinct program) and the registry defaults, builds each program once in this process, and times
+them round-robin (each round times every candidate once, starting one further along each round),
+so that drift and interference hit all of them alike. Each gets the median of its samples and a
+95% confidence interval of that median (distribution-free: order statistics of the binomial).
+A winner is named only when its interval lies entirely below the defaults' interval; otherwise
+the defaults are recommended.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from fusiontune.config.fusion_config import FusionConfig
+from fusiontune.measure import MeasureConfig, compare, metric_value, time_callable
+from fusiontune.workloads import Workload
+from fusiontune.workloads.space import SearchSpace, config_from_params
+
+CONFIDENCE = 0.95
+# A sample shorter than this is mostly clock and loop overhead: batch calls up to it.
+MIN_SAMPLE_S = 1e-3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration the confirmation measures: a trial of the sweep."""
+
+    trial: int
+    config: FusionConfig
+    program_hash: str
+    sweep_median_s: float
+    feasible: bool
+    role: str = ""
+
+
+@dataclass(frozen=True)
+class ConfirmedRow:
+    """One candidate's confirmation figures."""
+
+    candidate: Candidate
+    samples_s: tuple[float, ...]
+    median_s: float
+    ci_low_s: float
+    ci_high_s: float
+    error: float
+    feasible: bool
+
+
+def median_ci(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median, from order statistics.
+
+    With ``n`` samples, the number below the true median is Binomial(n, 1/2); the interval
+    ``[x_(j), x_(n-j+1)]`` covers the median with probability ``1 - 2 P(B <= j-1)``, and ``j``
+    is the largest index that keeps that at least ``confidence``. Below 6 samples no such ``j``
+    exists and the interval is the full range.
+
+    Args:
+        samples: at least one sample.
+        confidence: the coverage wanted.
+
+    Returns:
+        (low, high).
+    """
+    from scipy.stats import binom
+
+    x = np.sort(np.asarray(samples, dtype=np.float64))
+    n = len(x)
+    tail = (1.0 - confidence) / 2
+    j = 0
+    while j < n // 2 and binom.cdf(j, n, 0.5) <= tail:
+        j += 1
+    if j == 0:
+        return float(x[0]), float(x[-1])
+    return float(x[j - 1]), float(x[n - j])
+
+
+def select_candidates(
+    study: optuna.Study, top_k: int, space: SearchSpace | None = None
+) -> tuple[list[Candidate], int | None]:
+    """The top ``top_k`` feasible trials with distinct programs, and the defaults trial.
+
+    Args:
+        study: a tuned study (the storage schema of :mod:`fusiontune.tune.study`).
+        top_k: how many of the best feasible configurations.
+        space: resolves a trial's params when it lacks the ``config`` user attr.
+
+    Returns:
+        The candidates, fastest first, the defaults trial last when it is not among them; and the
+        defaults trial number (None when the defaults trial did not complete).
+    """
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    defaults = next((t for t in complete if t.user_attrs.get("role") == "defaults"), None)
+    ranked = sorted(
+        (t for t in complete if _constraint(t) <= 0), key=lambda t: (t.values[0], t.number)
+    )
+    chosen: list[Candidate] = []
+    seen: set[str] = set()
+    for t in ranked:
+        phash = str(t.user_attrs.get("program_hash", "")) or f"trial-{t.number}"
+        if phash in seen:
+            continue
+        seen.add(phash)
+        if defaults is not None and phash == defaults.user_attrs.get("program_hash"):
+            t = defaults  # the same program as the defaults: measure it as the defaults
+        chosen.append(_candidate(t, space))
+        if len(chosen) >= top_k:
+            break
+    if defaults is not None and all(c.trial != defaults.number for c in chosen):
+        chosen.append(_candidate(defaults, space))
+    return chosen, (defaults.number if defaults is not None else None)
+
+
+def _constraint(t: optuna.trial.FrozenTrial) -> float:
+    c = t.user_attrs.get("constraint")
+    return float(c) if c is not None else math.inf
+
+
+def _candidate(t: optuna.trial.FrozenTrial, space: SearchSpace | None) -> Candidate:
+    raw = t.user_attrs.get("config")
+    if isinstance(raw, Mapping):
+        config = FusionConfig.from_json(raw)
+    elif space is not None:  # a study written without the config attr: resolve the params
+        config = config_from_params(space, t.params)
+    else:
+        raise ValueError(f"trial {t.number} has no config user attr; pass the search space")
+    return Candidate(
+        t.number,
+        config,
+        str(t.user_attrs.get("program_hash", "")),
+        float(t.values[0]),
+        _constraint(t) <= 0,
+        str(t.user_attrs.get("role", "")),
+    )
+
+
+def measure_interleaved(
+    fns: Sequence[Callable[[], Any]],
+    rounds: int,
+    measure: MeasureConfig | None = None,
+    min_sample_s: float = MIN_SAMPLE_S,
+) -> list[tuple[float, ...]]:
+    """Time every callable once per round, round-robin, starting one further along each round.
+
+    Each callable first gets ``max(1, measure.warmup)`` untimed calls; its number of calls per
+    sample is ``measure.number`` raised so that a sample lasts about ``min_sample_s`` (or
+    ``measure.min_repeat_ms``, the larger).
+
+    Args:
+        fns: the callables (programs bound to their inputs).
+        rounds: samples per callable.
+        measure: warmup, number, flush_cache and min_repeat_ms are honoured (default
+            ``MeasureConfig()``).
+        min_sample_s: the shortest sample wanted.
+
+    Returns:
+        Per callable, its samples (seconds per call), in round order.
+    """
+    measure = measure or MeasureConfig()
+    target = max(min_sample_s, measure.min_repeat_ms * 1e-3)
+    numbers = []
+    for fn in fns:
+        for _ in range(max(1, measure.warmup)):
+            fn()
+        t0 = time.perf_counter()
+        fn()
+        one = max(time.perf_counter() - t0, 1e-7)
+        numbers.append(max(measure.number, math.ceil(target / one)))
+    samples: list[list[float]] = [[] for _ in fns]
+    n = len(fns)
+    for r in range(rounds):
+        for j in range(n):
+            i = (r + j) % n
+            cfg = MeasureConfig(
+                warmup=0, number=numbers[i], repeat=1, flush_cache=measure.flush_cache
+            )
+            samples[i].extend(time_callable(fns[i], cfg).samples_s)
+    return [tuple(s) for s in samples]
+
+
+def decide(
+    rows: Sequence[ConfirmedRow], defaults_trial: int | None
+) -> tuple[int | None, bool, str]:
+    """Name the winner: the fastest feasible candidate whose CI lies below the defaults' CI.
+
+    When the defaults cannot be recommended (they failed, or break the accuracy bound here), the
+    fastest feasible candidate wins outright: it is distinguishable from the defaults by working.
+    A winner is named exactly when ``distinguishable`` is true.
+
+    Args:
+        rows: the confirmed candidates.
+        defaults_trial: the defaults' trial number, None when the defaults did not complete.
+
+    Returns:
+        (winner trial or None, distinguishable, a one-sentence note for the report).
+    """
+    feasible = sorted((r for r in rows if r.feasible), key=lambda r: r.median_s)
+    base = next((r for r in rows if r.candidate.trial == defaults_trial), None)
+    if base is None or not base.feasible:
+        why = (
+            "the defaults did not complete"
+            if base is None
+            else "the defaults break the accuracy bound"
+        )
+        if not feasible:
+            return None, False, f"{why} and no configuration within the bound could be confirmed"
+        w = feasible[0]
+        return (
+            w.candidate.trial,
+            True,
+            f"{why}; trial {w.candidate.trial} is the fastest configuration within it",
+        )
+    better = [r for r in feasible if r is not base and r.ci_high_s < base.ci_low_s]
+    if better:
+        w = better[0]
+        speedup = base.median_s / w.median_s
+        return (
+            w.candidate.trial,
+            True,
+            (
+                f"trial {w.candidate.trial} is {speedup:.2f}x faster than the defaults"
+                f" (its {CONFIDENCE:.0%} confidence interval lies below theirs)"
+            ),
+        )
+    return (
+        None,
+        False,
+        (
+            "no configuration is distinguishable from the defaults (the confidence intervals of the"
+            " medians overlap): the defaults are recommended"
+        ),
+    )
+
+
+def confirm(
+    study: optuna.Study,
+    workload: Workload,
+    space: SearchSpace,
+    top_k: int | None = None,
+    rounds: int | None = None,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Measure the top ``top_k`` configurations and the defaults again, interleaved, here.
+
+    Each program is built once in this process (kernels come from the disk cache the workers
+    filled), checked against the reference again, and timed round-robin. The result is stored
+    as the study user attr ``confirmation`` and a table is printed.
+
+    Args:
+        study: the tuned study.
+        workload: the workload, loaded in this process.
+        space: the search space (bound, metric, measurement settings).
+        top_k: how many of the best feasible configurations; the space's ``top_k`` when None.
+        rounds: samples per candidate; ``max(15, 2 * repeat)`` when None.
+        echo: where the table goes.
+
+    Returns:
+        The ``confirmation`` record: rows (trial, config_key, median_s, ci_low_s, ci_high_s,
+        samples, error, feasible), defaults_trial, winner_trial, distinguishable, note.
+    """
+    from fusiontune.passes.pipeline import run_pipeline
+    from fusiontune.runtime import build_program
+
+    top_k = space.top_k if top_k is None else top_k
+    rounds = max(15, 2 * space.measure.repeat) if rounds is None else rounds
+    candidates, defaults_trial = select_candidates(study, top_k, space)
+    built: list[tuple[Candidate, Callable[[], None], float]] = []
+    dropped: list[str] = []
+    for c in candidates:
+        try:
+            program = build_program(run_pipeline(workload.graph, c.config).fused)
+            outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
+            error = metric_value(compare(outputs, workload.reference), space.metric)
+            program.bind(workload.inputs)
+        except Exception as e:  # a program that built on a worker but not here: left out, said why
+            dropped.append(f"trial {c.trial} ({type(e).__name__}: {e})")
+            continue
+        built.append((c, program.execute, error))
+    samples = (
+        measure_interleaved([fn for _, fn, _ in built], rounds, space.measure) if built else []
+    )
+    rows = []
+    for (c, _, error), s in zip(built, samples, strict=True):
+        low, high = median_ci(s)
+        ok = c.feasible and math.isfinite(error) and error <= space.bound
+        rows.append(ConfirmedRow(c, s, float(np.median(s)), low, high, error, ok))
+    winner, distinguishable, note = decide(rows, defaults_trial)
+    if dropped:
+        note += f"; could not be rebuilt here: {', '.join(dropped)}"
+    record = {
+        "rows": [
+            {
+                "trial": r.candidate.trial,
+                "config_key": r.candidate.config.key(),
+                "median_s": r.median_s,
+                "ci_low_s": r.ci_low_s,
+                "ci_high_s": r.ci_high_s,
+                "samples": len(r.samples_s),
+                "error": r.error if math.isfinite(r.error) else None,
+                "feasible": r.feasible,
+                "role": r.candidate.role,
+            }
+            for r in sorted(rows, key=lambda r: r.median_s)
+        ],
+        "defaults_trial": defaults_trial,
+        "winner_trial": winner,
+        "distinguishable": distinguishable,
+        "note": note,
+    }
+    study.set_user_attr("confirmation", record)
+    echo(format_confirmation(record))
+    return record
+
+
+def format_confirmation(record: Mapping[str, Any]) -> str:
+    """The confirmation table for the terminal, the winner marked, the note below."""
+    from fusiontune.tune._console import format_seconds
+
+    rows = record["rows"]
+    base = next((r for r in rows if r["trial"] == record["defaults_trial"]), None)
+    lines = [
+        f"confirmation: {len(rows)} configurations, interleaved, {CONFIDENCE:.0%} CI of the median"
+    ]
+    cells = (
+        f"{'trial':>5}",
+        f"{'':9}",
+        f"{'median':>10}",
+        f"{'95% CI':>23}",
+        "vs defaults",
+        "samples",
+    )
+    lines.append("  " + "  ".join(cells))
+    for r in rows:
+        tag = "defaults" if r["trial"] == record["defaults_trial"] else ""
+        if r["trial"] == record["winner_trial"]:
+            tag = "winner"
+        if not r.get("feasible", True):
+            tag = (tag + " !bound").strip()
+        ci = f"[{format_seconds(r['ci_low_s'])}, {format_seconds(r['ci_high_s'])}]"
+        speed = f"{base['median_s'] / r['median_s']:.2f}x" if base else "-"
+        median = format_seconds(r["median_s"])
+        cells = (
+            f"{r['trial']:>5}",
+            f"{tag:9}",
+            f"{median:>10}",
+            f"{ci:>23}",
+            f"{speed:>11}",
+            f"{r['samples']:>7}",
+        )
+        lines.append("  " + "  ".join(cells))
+    lines.append(f"  {record['note']}")
+    return "\n".join(lines)

@@ -1,0 +1,246 @@
+"""``fusiontune tune SPACE``: sweep a search space, confirm the best, write the report.
+
+The command loads and validates the space, opens the study's storage (before any worker starts,
+so a bad URL costs nothing), picks the evaluator (``--workers 0``: in process; otherwise Ray
+actors; ``--replay``: a recorded study), runs the optuna loop, measures the top k again against
+the defaults, rebuilds the report from the database, and prints the ranked top 10, every path it
+wrote, and the peak resident memory of the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fusiontune.errors import UserError
+
+MEMORY_GOAL_BYTES = 4 * 10**9
+EXIT_INTERRUPTED = 130
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    """The ``tune`` subcommand; returns the exit code (130 when stopped by a signal)."""
+    from fusiontune.tune._storage import open_storage, quiet_optuna
+    from fusiontune.tune.samplers import SAMPLERS, make_sampler
+    from fusiontune.tune.study import (
+        STOP_INTERRUPTED,
+        default_storage_url,
+        run_tune,
+        trial_constraint,
+    )
+    from fusiontune.workloads.space import load_space, parse_duration
+
+    quiet_optuna()
+    space = load_space(args.space)
+    n_trials = space.trials if args.trials is None else args.trials
+    if n_trials < 1:
+        raise UserError(f"--trials must be at least 1, got {n_trials}")
+    timeout_s = parse_duration(args.timeout, "--timeout") if args.timeout else space.timeout_s
+    workers = space.workers if args.workers is None else args.workers
+    if workers < 0:
+        raise UserError(f"--workers must be 0 (in process) or more, got {workers}")
+    if args.sampler is not None and args.sampler not in SAMPLERS:
+        raise UserError(f"--sampler {args.sampler}: unknown (known: {', '.join(SAMPLERS)})")
+    study_name = args.study or space.name
+    results_dir = Path("results") / study_name
+    storage_url = args.storage or default_storage_url(study_name)
+    top_k = space.top_k if args.top_k is None else args.top_k
+    memory = PeakMemory()
+    memory.start()
+    # Everything that can be refused is checked before any worker starts.
+    seed = space.seed if args.seed is None else args.seed
+    make_sampler(args.sampler or space.sampler, space, seed, n_trials, trial_constraint)
+    open_storage(storage_url)
+    evaluator, workload = _make_evaluator(args, space, workers)
+    started = time.perf_counter()
+    try:
+        result = run_tune(
+            space,
+            evaluator,
+            storage_url,
+            study_name,
+            n_trials,
+            timeout_s=timeout_s,
+            sampler=args.sampler,
+            seed=seed,
+            batch_size=max(1, workers) if not args.replay else 1,
+            progress=not getattr(args, "no_progress", False),
+        )
+    except KeyboardInterrupt:
+        print(
+            "aborted: the trials in flight were marked failed; run the same command to continue",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    finally:
+        evaluator.close()  # frees the workers' cores for the confirmation
+    print(
+        f"study {result.study_name}: {result.n_finished} trials finished ({result.n_new} in this"
+        f" run, {time.perf_counter() - started:.0f} s), stopped on {result.stopped_reason};"
+        f" storage {result.storage_url}"
+    )
+    interrupted = result.stopped_reason == STOP_INTERRUPTED
+    try:
+        if interrupted:
+            print(f"interrupted: run the same command again to continue to {n_trials} trials")
+        elif args.no_confirm:
+            print("confirmation skipped (--no-confirm)")
+        elif args.replay:
+            print("confirmation skipped: replayed results are not measurements")
+        else:
+            _confirm(space, storage_url, study_name, workload, top_k)
+        paths = _report(results_dir, storage_url, study_name)
+    except KeyboardInterrupt:
+        print(
+            "aborted during the confirmation or the report; `fusiontune report` rebuilds it",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    print("wrote:")
+    for path in paths:
+        print(f"  {path}")
+    peak, processes, scope = memory.stop()
+    goal = "within" if peak < MEMORY_GOAL_BYTES else "ABOVE"
+    print(
+        f"peak resident memory: {peak / 2**30:.2f} GiB ({scope}, {processes} process(es));"
+        f" {goal} the 4 GB goal"
+    )
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+def _make_evaluator(args: argparse.Namespace, space: Any, workers: int) -> tuple[Any, Any]:
+    """The evaluator for this run, and the workload when it was loaded here."""
+    from fusiontune.measure import MeasureConfig
+    from fusiontune.tune.evaluator import LocalEvaluator
+    from fusiontune.workloads import make_workload
+
+    if args.replay:
+        from fusiontune.tune.replay import ReplayEvaluator
+
+        path = args.replay
+        if "://" not in path and not Path(path).is_file():
+            raise UserError(f"--replay {path}: no such file")
+        return ReplayEvaluator.from_study(path), None
+    if workers == 0:
+        workload = make_workload(space.workload, **dict(space.sizes))
+        measure: MeasureConfig = space.measure
+        return LocalEvaluator(workload, measure), workload
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UserError(
+            f"--workers {workers} needs Ray: pip install 'ray>=2.30', or use --workers 0"
+        ) from None
+    from fusiontune.tune.ray_evaluator import RayEvaluator
+
+    evaluator = RayEvaluator(
+        space.workload,
+        dict(space.sizes),
+        space.measure,
+        workers,
+        address=args.ray_address,
+        trial_timeout_s=space.trial_timeout_s,
+    )
+    return evaluator, None
+
+
+def _confirm(space: Any, storage_url: str, study_name: str, workload: Any, top_k: int) -> None:
+    import optuna
+
+    from fusiontune.tune.confirm import confirm
+    from fusiontune.workloads import make_workload
+
+    study = optuna.load_study(study_name=study_name, storage=storage_url)
+    if workload is None:
+        workload = make_workload(space.workload, **dict(space.sizes))
+    confirm(study, workload, space, top_k=top_k)
+
+
+def _report(results_dir: Path, storage_url: str, study_name: str) -> list[Path]:
+    from fusiontune.report import build_report, format_top, load_study_frame
+
+    paths = build_report(results_dir, storage_url=storage_url, study_name=study_name)
+    frame = load_study_frame(storage_url, study_name)
+    print(format_top(frame, n=10))
+    db = _sqlite_path(storage_url)
+    return ([db] if db is not None and db not in paths else []) + list(paths)
+
+
+def _sqlite_path(url: str) -> Path | None:
+    prefix = "sqlite:///"
+    return Path(url[len(prefix) :]) if url.startswith(prefix) else None
+
+
+class PeakMemory:
+    """The peak of the summed resident memory of this process and all its descendants.
+
+    A thread samples every ``interval_s``: the driver, and every process it started directly or
+    not (a local Ray cluster's raylet, GCS and workers included). Workers of a cluster joined
+    with ``--ray-address`` run elsewhere and are not counted. RSS counts shared pages once per
+    process, so the sum is an upper bound. Without psutil, the kernel's per-process peaks
+    (``getrusage``) of the driver and of its largest finished child are added instead.
+    """
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self.peak = 0
+        self.pids: set[int] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            import psutil
+
+            self._me: Any = psutil.Process(os.getpid())
+        except ImportError:
+            self._me = None
+
+    def start(self) -> None:
+        if self._me is None:
+            return
+        self._thread = threading.Thread(target=self._run, name="fusiontune-memory", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        total = self._me.memory_info().rss
+        for child in self._me.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+                self.pids.add(child.pid)
+            except Exception:  # it exited between the listing and the reading
+                continue
+        self.peak = max(self.peak, total)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._sample()
+            except Exception:
+                pass
+            if self._stop.wait(self.interval_s):
+                return
+
+    def stop(self) -> tuple[int, int, str]:
+        """(peak bytes, processes counted, what was counted)."""
+        self_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        if self._me is None:
+            children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+            return (
+                self_peak + children,
+                1 + (children > 0),
+                "driver peak + largest child peak (getrusage)",
+            )
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+        return (
+            max(self.peak, self_peak),
+            1 + len(self.pids),
+            "driver and every process it started, summed RSS",
+        )

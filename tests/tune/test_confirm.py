@@ -1,0 +1,226 @@
+"""Confirmation: interleaved re-measurement, the CI of the median, and who is named the winner."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+
+from fusiontune.config.fusion_config import FusionConfig
+from fusiontune.tune.confirm import (
+    Candidate,
+    ConfirmedRow,
+    confirm,
+    decide,
+    measure_interleaved,
+    median_ci,
+    select_candidates,
+)
+from fusiontune.tune.evaluator import LocalEvaluator
+from fusiontune.tune.study import run_tune
+from fusiontune.workloads import make_workload
+from fusiontune.workloads.space import load_space
+
+SPACE = """\
+[workload]
+name = "mindspore_custom_op"
+
+[passes]
+search = ["TbeEltwiseFusionPass", "CompositeOpsFusionPass", "TbeEltwiseSplitFusionPass"]
+
+[split_points]
+"TbeEltwiseSplitFusionPass.cut" = [0, 2]
+
+[accuracy]
+metric = "max_rel"
+bound = 1e-6
+
+[measure]
+warmup = 0
+repeat = 2
+min_repeat_ms = 0.0
+
+[search]
+sampler = "random"
+seed = 0
+top_k = 3
+workers = 0
+"""
+
+
+# ---- the interval --------------------------------------------------------------------------------
+def test_median_ci_of_15_samples_is_the_4th_to_12th_order_statistic():
+    samples = np.random.default_rng(0).permutation(np.arange(1.0, 16.0))
+    assert median_ci(samples) == (4.0, 12.0)  # coverage 1 - 2 P(Bin(15, 1/2) <= 3) = 96.5%
+
+
+def test_median_ci_of_few_samples_is_the_range():
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)
+
+
+def test_median_ci_covers_the_median_at_least_95_percent_of_the_time():
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(2000):
+        low, high = median_ci(rng.exponential(size=21))
+        hits += low <= np.log(2) <= high
+    assert hits / 2000 >= 0.94
+
+
+# ---- the decision --------------------------------------------------------------------------------
+def row(
+    trial: int, median: float, spread: float, feasible: bool = True, role: str = ""
+) -> ConfirmedRow:
+    c = Candidate(trial, FusionConfig.defaults(), f"h{trial}", median, feasible, role)
+    return ConfirmedRow(c, (median,) * 15, median, median - spread, median + spread, 0.0, feasible)
+
+
+def test_a_candidate_whose_interval_lies_below_the_defaults_wins():
+    rows = [row(0, 10.0, 1.0, role="defaults"), row(5, 5.0, 1.0), row(6, 4.0, 1.0)]
+    winner, distinguishable, note = decide(rows, 0)
+    assert (winner, distinguishable) == (6, True)
+    assert "2.50x faster" in note
+
+
+def test_overlapping_intervals_recommend_the_defaults():
+    rows = [row(0, 10.0, 2.0, role="defaults"), row(5, 9.0, 2.0)]
+    winner, distinguishable, note = decide(rows, 0)
+    assert (winner, distinguishable) == (None, False)
+    assert "defaults are recommended" in note
+
+
+def test_an_infeasible_candidate_never_wins():
+    rows = [row(0, 10.0, 1.0, role="defaults"), row(5, 1.0, 0.1, feasible=False)]
+    assert decide(rows, 0)[0] is None
+
+
+def test_defaults_over_the_bound_give_way_to_the_fastest_feasible():
+    rows = [row(0, 10.0, 1.0, feasible=False, role="defaults"), row(5, 9.5, 1.0), row(6, 12.0, 1.0)]
+    winner, distinguishable, note = decide(rows, 0)
+    assert (winner, distinguishable) == (5, True) and "break the accuracy bound" in note
+
+
+def test_without_defaults_the_fastest_feasible_wins():
+    assert decide([row(5, 3.0, 1.0), row(6, 2.0, 1.0)], None)[0] == 6
+
+
+# ---- interleaving --------------------------------------------------------------------------------
+def test_measure_interleaved_rotates_the_order_every_round():
+    calls: list[str] = []
+    fns = [lambda: calls.append("a"), lambda: calls.append("b"), lambda: calls.append("c")]
+    from fusiontune.measure import MeasureConfig
+
+    samples = measure_interleaved(
+        fns, rounds=3, measure=MeasureConfig(warmup=0, number=1), min_sample_s=0.0
+    )
+    assert [len(s) for s in samples] == [3, 3, 3]
+    timed = "".join(calls[6:])  # after one warmup call and one calibration call each
+    assert timed == "abcbcacab"
+
+
+def test_measure_interleaved_tells_a_slow_callable_from_a_fast_one():
+    samples = measure_interleaved(
+        [lambda: time.sleep(0.002), lambda: None], rounds=5, min_sample_s=0.0
+    )
+    assert min(samples[0]) > 0.0015 > max(samples[1])
+
+
+# ---- on a study ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("confirm")
+    (tmp / "space.toml").write_text(SPACE)
+    space = load_space(tmp / "space.toml")
+    workload = make_workload("mindspore_custom_op")
+    url = f"sqlite:///{tmp / 'study.db'}"
+    run_tune(space, LocalEvaluator(workload, space.measure), url, "c", 10, progress=False)
+    return url, space, workload
+
+
+def test_candidates_are_distinct_programs_plus_the_defaults(tuned):
+    url, space, _ = tuned
+    study = optuna.load_study(study_name="c", storage=url)
+    candidates, defaults_trial = select_candidates(study, 2, space)
+    assert defaults_trial == 0
+    assert len({c.program_hash for c in candidates}) == len(candidates)
+    assert any(c.trial == 0 for c in candidates)
+    assert all(c.feasible for c in candidates if c.trial != 0)
+    assert len(candidates) <= 3
+
+
+def test_confirm_on_a_real_run_stores_the_schema(tuned):
+    url, space, workload = tuned
+    study = optuna.load_study(study_name="c", storage=url)
+    lines: list[str] = []
+    record = confirm(study, workload, space, top_k=2, rounds=6, echo=lines.append)
+    stored = optuna.load_study(study_name="c", storage=url).user_attrs["confirmation"]
+    assert stored == record
+    assert set(record) == {"rows", "defaults_trial", "winner_trial", "distinguishable", "note"}
+    assert record["defaults_trial"] == 0
+    assert (record["winner_trial"] is not None) == record["distinguishable"]
+    for r in record["rows"]:
+        assert {"trial", "config_key", "median_s", "ci_low_s", "ci_high_s", "samples"} <= set(r)
+        assert r["ci_low_s"] <= r["median_s"] <= r["ci_high_s"] and r["samples"] == 6
+    assert "confirmation" in lines[0] and record["note"] in lines[0]
+
+
+def test_confirm_names_a_clearly_faster_program_the_winner(tuned, monkeypatch):
+    """Synthetic programs: the defaults take 3 ms a call, every other configuration 0.3 ms."""
+    import fusiontune.runtime
+
+    url, space, workload = tuned
+    defaults_key = FusionConfig.from_json(
+        optuna.load_study(study_name="c", storage=url).trials[0].user_attrs["config"]
+    ).key()
+
+    class Synthetic:
+        def __init__(self, slow: bool) -> None:
+            self.seconds = 3e-3 if slow else 3e-4
+
+        def run(self, inputs):
+            return {k: np.asarray(v, dtype=np.float32) for k, v in workload.reference.items()}
+
+        def bind(self, inputs) -> None:
+            return None
+
+        def execute(self) -> None:
+            time.sleep(self.seconds)
+
+    built: list[str] = []
+
+    def fake_build(fused):
+        key = fused.graph.name
+        built.append(key)
+        return Synthetic(slow=key == "defaults")
+
+    def fake_pipeline(graph, config):
+        class Fused:
+            pass
+
+        fused = Fused()
+        fused.graph = type(
+            "G", (), {"name": "defaults" if config.key() == defaults_key else config.key()}
+        )()
+        return type("P", (), {"fused": fused})()
+
+    monkeypatch.setattr(fusiontune.runtime, "build_program", fake_build)
+    monkeypatch.setattr("fusiontune.passes.pipeline.run_pipeline", fake_pipeline)
+    study = optuna.load_study(study_name="c", storage=url)
+    record = confirm(study, workload, space, top_k=2, rounds=6, echo=lambda s: None)
+    assert record["distinguishable"] is True
+    fastest = min((r for r in record["rows"] if r["trial"] != 0), key=lambda r: r["median_s"])
+    assert record["winner_trial"] == fastest["trial"]
+    assert len(built) == len(record["rows"])  # each program built once
+
+
+def test_confirm_can_be_read_back_by_the_report(tuned, tmp_path: Path):
+    from fusiontune.report import build_report
+
+    url, space, workload = tuned
+    study = optuna.load_study(study_name="c", storage=url)
+    confirm(study, workload, space, top_k=2, rounds=6, echo=lambda s: None)
+    paths = build_report(tmp_path / "c", storage_url=url, study_name="c")
+    assert (tmp_path / "c" / "fusion_switch.cfg") in paths
