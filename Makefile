@@ -5,17 +5,24 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 WORKLOAD ?= transformer_block
 
-.PHONY: setup run test test-fast bench lint clean
+SPACE ?= search_spaces/transformer_block.toml
+
+.PHONY: setup tune run test test-fast bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,plots]'
 	touch $(STAMP)
 
 setup: $(STAMP)
 
-## The main job: fuse, compile and measure a workload with the default passes, against all-off.
+## The main job: an optuna sweep over the fusion passes on local Ray workers, ending with the
+## ranked table and the recommended fusion_switch.cfg under results/<study>/.
+tune: $(STAMP)
+	$(BIN)/fusiontune tune $(SPACE) --workers 2
+
+## Fuse, compile and measure one workload with the default passes, against all-off.
 run: $(STAMP)
 	$(BIN)/fusiontune run $(WORKLOAD) --vs-all-off
 
@@ -30,6 +37,7 @@ test-fast: $(STAMP)
 ## Benchmarks: print figures, never gate anything.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
+	$(BIN)/python benchmarks/bench_samplers.py
 
 lint: $(STAMP)
 	$(BIN)/python -m pip install -q ruff mypy

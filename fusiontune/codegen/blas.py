@@ -11,7 +11,8 @@ Row-major ``out = a @ b`` is computed as the column-major ``out^T = b^T @ a^T``:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import llvmlite.binding as llvm
 import numba

@@ -20,9 +20,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numba
 
@@ -93,7 +93,7 @@ def compile_kernel(src: KernelSource) -> CompiledKernel:
     sys.modules[modname] = module
     spec.loader.exec_module(module)
     fn = getattr(module, src.name)
-    hits = sum(getattr(fn, "stats").cache_hits.values()) if hasattr(fn, "stats") else 0
+    hits = sum(fn.stats.cache_hits.values()) if hasattr(fn, "stats") else 0
     with _LOCK:
         _MEMORY[key] = fn
     return CompiledKernel(fn, key, time.perf_counter() - t0, "disk" if hits else "compiled")

@@ -13,11 +13,12 @@ are folded into its rows, so the whole layer is one large GEMM.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numba
 import numpy as np
 
+from fusiontune.codegen.blas import gemm_name
 from fusiontune.codegen.common import (
     HEADER,
     PARALLEL_MIN_ELEMENTS,
@@ -28,10 +29,9 @@ from fusiontune.codegen.common import (
     align,
     decorator,
 )
-from fusiontune.ir.ops import get_op
-from fusiontune.codegen.blas import gemm_name
 from fusiontune.codegen.rules import SCALAR_RULES, literal
 from fusiontune.ir.graph import Shape
+from fusiontune.ir.ops import get_op
 
 
 def _batch_index(shape: Shape, out_batch: Shape) -> tuple[int, str]:

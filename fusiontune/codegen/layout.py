@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from fusiontune.codegen.common import HEADER, PARALLEL_MIN_ELEMENTS, ArgSpec, KernelSource, NotFusable, decorator
+from fusiontune.codegen.common import (
+    HEADER,
+    PARALLEL_MIN_ELEMENTS,
+    ArgSpec,
+    KernelSource,
+    NotFusable,
+    decorator,
+)
 from fusiontune.ir.graph import Node, Value
 from fusiontune.ir.ops import normalize_axis, slice_index
 

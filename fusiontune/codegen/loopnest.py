@@ -17,7 +17,7 @@ that stays in cache, and an AddLayerNorm writes its sum in the first round.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -31,9 +31,9 @@ from fusiontune.codegen.common import (
     align,
     decorator,
 )
-from fusiontune.ir.ops import get_op
 from fusiontune.codegen.rules import REDUCE_RULES, SCALAR_RULES, literal
 from fusiontune.ir.graph import Node, Shape
+from fusiontune.ir.ops import get_op
 
 # Elementwise ops worth a store and a load rather than a recomputation (libm calls).
 EXPENSIVE = frozenset({"Exp", "Log", "Tanh", "Erf", "Sigmoid", "Silu", "Gelu", "SwiGlu", "Pow"})

@@ -7,7 +7,7 @@ group they form is one that a template can run as one kernel.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from fusiontune.codegen.common import KernelSource, NotFusable, lower_group
 from fusiontune.codegen.contraction import generate_contraction_kernel

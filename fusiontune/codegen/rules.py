@@ -14,7 +14,8 @@ Every op has exactly one rule, found by :func:`rule_kind`:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -13,9 +13,9 @@ only prefixes node names, so fusion crosses the op's boundary exactly as in seed
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -13,8 +13,8 @@ part reads only the op's inputs and the per-row statistics.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 

@@ -8,10 +8,11 @@ mutate a graph: they build a new one with :class:`GraphEditor` or the builder DS
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -8,7 +8,7 @@ no fused configuration can be expected to beat).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

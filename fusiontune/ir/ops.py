@@ -10,8 +10,9 @@ the row-wise normalizations built on them), ``contraction`` (MatMul), ``layout``
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import special

@@ -16,12 +16,12 @@ out of many.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fusiontune.config.fusion_config import FusionConfig
-    from fusiontune.ir.graph import Graph
 
 GRAPH_FUSION = "GraphFusion"
 UB_FUSION = "UBFusion"

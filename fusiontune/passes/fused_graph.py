@@ -7,9 +7,10 @@ where every op is its own kernel.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from fusiontune.ir.graph import Graph
 

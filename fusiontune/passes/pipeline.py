@@ -8,8 +8,8 @@ every pass that runs leaves its CANN log lines in the report, in execution order
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.graph import Graph

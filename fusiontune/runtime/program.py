@@ -10,8 +10,8 @@ a plain loop of kernel calls with no allocation and no reshaping.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 

@@ -8,12 +8,12 @@ while an actor measures. ``ray`` is imported where used, so importing this modul
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 import os
 import socket
 import time
 import traceback
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 

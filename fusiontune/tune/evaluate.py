@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import socket
 import traceback
-from dataclasses import dataclass, replace
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np

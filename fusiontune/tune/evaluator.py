@@ -7,7 +7,8 @@ at a time per machine (TVM's builder / runner split).
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from fusiontune.measure import MeasureConfig
 from fusiontune.tune.evaluate import evaluate_config

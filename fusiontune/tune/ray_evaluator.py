@@ -168,6 +168,7 @@ class RayEvaluator:
         if trial_timeout_s <= 0:
             raise ValueError(f"trial_timeout_s must be positive, got {trial_timeout_s}")
         self.workload_name = workload_name
+        self.workers = workers
         self.sizes = dict(sizes)
         self.measure = measure
         self.trial_timeout_s = float(trial_timeout_s)

@@ -8,8 +8,9 @@ a sweep.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from fusiontune.config.fusion_config import FusionConfig
 

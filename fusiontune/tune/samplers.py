@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from fusiontune.errors import UserError
+from fusiontune.workloads import space as _space
 from fusiontune.workloads.space import MAX_GRID_SIZE, SearchSpace, distributions, grid_size
 
 NSGA2_POPULATION = 16
@@ -130,6 +131,9 @@ SAMPLERS: dict[str, Callable[[SearchSpace, int, int, ConstraintsFunc], SamplerCh
     "grid": _grid,
     "nsga2": _nsga2,
 }
+# The space loader validates `search.sampler` against its own list (it must not import optuna);
+# the two lists are one.
+assert tuple(SAMPLERS) == _space.SAMPLERS, "the sampler table and space.SAMPLERS differ"
 
 
 def make_sampler(

@@ -12,7 +12,7 @@ nodes as one kernel (:func:`fusiontune.codegen.plan.check_fusable`).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from fusiontune.codegen.plan import check_fusable
 from fusiontune.codegen.rules import LAYOUT_OPS

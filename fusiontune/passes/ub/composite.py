@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from fusiontune.ir.ops import get_op
 from fusiontune.passes.base import PassContext
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import patterns
 from fusiontune.passes.ub._grouping import Partition, commit
-from fusiontune.ir.ops import get_op
 
 
 def _pattern(part: Partition, gid: int) -> str:

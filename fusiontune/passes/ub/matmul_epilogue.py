@@ -7,7 +7,7 @@ matmul_elem_add_fusion), so each can be switched on its own.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from fusiontune.ir.graph import Graph, Node
 from fusiontune.passes.base import PassContext
