@@ -9,25 +9,7 @@ import pytest
 
 from fusiontune.cli import main
 
-SPACE = """\
-[workload]
-name = "mindspore_custom_op"
-
-[passes]
-search = ["TbeEltwiseFusionPass", "CompositeOpsFusionPass", "TbeEltwiseSplitFusionPass"]
-
-[split_points]
-"TbeEltwiseSplitFusionPass.cut" = [0, 2]
-
-[accuracy]
-metric = "max_rel"
-bound = 1e-6
-
-[measure]
-warmup = 0
-repeat = 2
-min_repeat_ms = 0.0
-
+SPACE = (Path(__file__).resolve().parent / "data" / "tiny_space.toml").read_text() + """\
 [search]
 sampler = "tpe"
 trials = 5

@@ -24,25 +24,7 @@ from fusiontune.tune.study import run_tune
 from fusiontune.workloads import make_workload
 from fusiontune.workloads.space import load_space
 
-SPACE = """\
-[workload]
-name = "mindspore_custom_op"
-
-[passes]
-search = ["TbeEltwiseFusionPass", "CompositeOpsFusionPass", "TbeEltwiseSplitFusionPass"]
-
-[split_points]
-"TbeEltwiseSplitFusionPass.cut" = [0, 2]
-
-[accuracy]
-metric = "max_rel"
-bound = 1e-6
-
-[measure]
-warmup = 0
-repeat = 2
-min_repeat_ms = 0.0
-
+SPACE = (Path(__file__).resolve().parents[1] / "data" / "tiny_space.toml").read_text() + """\
 [search]
 sampler = "random"
 seed = 0
