@@ -66,9 +66,10 @@ def resolve_config(config_file: Path | None, flags: str | None, splits: list[tup
 
 
 def run_workload(
-    workload: Workload, config: FusionConfig, measure: MeasureConfig = MeasureConfig(), dump_dir: Path | None = None
+    workload: Workload, config: FusionConfig, measure: MeasureConfig | None = None, dump_dir: Path | None = None
 ) -> RunResult:
     """Fuse, compile, check and time ``workload`` under ``config``."""
+    measure = measure or MeasureConfig()
     pipeline = run_pipeline(workload.graph, config)
     if dump_dir is not None:
         from fusiontune.ir.dump import write_stage_dumps

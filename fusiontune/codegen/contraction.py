@@ -41,7 +41,7 @@ def _batch_index(shape: Shape, out_batch: Shape) -> tuple[int, str]:
     contribute nothing, the others their digit of ``bi`` times the operand's own stride.
     """
     b = align(shape[:-2], len(out_batch))
-    if any(d not in (1, o) for d, o in zip(b, out_batch)):
+    if any(d not in (1, o) for d, o in zip(b, out_batch, strict=True)):
         raise NotFusable(f"MatMul operand batch {shape[:-2]} does not broadcast to {out_batch}")
     count = int(np.prod(b)) if b else 1
     if count == 1:
@@ -62,13 +62,12 @@ def _batch_index(shape: Shape, out_batch: Shape) -> tuple[int, str]:
 def _epilogue_view(shape: Shape, out: Shape, flat: bool) -> Shape | None:
     """The (B, M, N) view of an epilogue array, or None when it cannot be expressed."""
     s = align(shape, len(out))
-    if any(d not in (1, o) for d, o in zip(s, out)):
+    if any(d not in (1, o) for d, o in zip(s, out, strict=True)):
         return None
     batch, m, n = s[:-2], s[-2], s[-1]
     full_b = tuple(batch) == tuple(out[:-2]) and any(d != 1 for d in out[:-2])
     ones_b = all(d == 1 for d in batch)
     if flat:
-        rows = (batch, m)
         if all(d == 1 for d in (*batch, m)):
             return (1, 1, n)
         if tuple(batch) == tuple(out[:-2]) and m == out[-2]:
@@ -103,7 +102,7 @@ def generate_contraction_kernel(
             if v in low.scalars:
                 continue
             s = low.values[v].shape
-            if len(s) > len(oshape) or any(d not in (1, o) for d, o in zip(align(s, len(oshape)), oshape)):
+            if len(s) > len(oshape) or any(d not in (1, o) for d, o in zip(align(s, len(oshape)), oshape, strict=True)):
                 raise NotFusable(f"epilogue value {v} {s} does not broadcast to {oshape}")
     for o in outputs:
         if low.values[o].shape != oshape:

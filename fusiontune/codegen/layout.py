@@ -84,7 +84,7 @@ def generate_layout_kernel(node: Node, values: dict[str, Value], name: str) -> K
         args = [ArgSpec(x.name, x.shape, x.dtype, "in"), ArgSpec(y.name, y.shape, y.dtype, "out")]
         loops, ind, iv = _loops(y.shape, par)
         src = []
-        for k, (sl, d) in enumerate(zip(index, x.shape)):
+        for k, (sl, d) in enumerate(zip(index, x.shape, strict=True)):
             start, _, step = sl.indices(d)
             src.append(f"{start} + {step} * {iv[k]}" if (start, step) != (0, 1) else iv[k])
         body = loops + [f"{ind}a1[{', '.join(iv)}] = a0[{', '.join(src)}]"]

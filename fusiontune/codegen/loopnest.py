@@ -33,11 +33,10 @@ from fusiontune.codegen.common import (
 )
 from fusiontune.codegen.rules import REDUCE_RULES, SCALAR_RULES, literal
 from fusiontune.ir.graph import Node, Shape
-from fusiontune.ir.ops import get_op
+from fusiontune.ir.ops import broadcast_shapes, get_op, normalize_axes
 
 # Elementwise ops worth a store and a load rather than a recomputation (libm calls).
 EXPENSIVE = frozenset({"Exp", "Log", "Tanh", "Erf", "Sigmoid", "Silu", "Gelu", "SwiGlu", "Pow"})
-from fusiontune.ir.ops import broadcast_shapes, normalize_axes
 
 
 def plan_domain(low: Lowered, outputs: Sequence[str]) -> tuple[Shape, tuple[int, ...]]:
@@ -64,7 +63,7 @@ def plan_domain(low: Lowered, outputs: Sequence[str]) -> tuple[Shape, tuple[int,
     for n in low.nodes:
         for v in (*n.inputs, *n.outputs):
             shape = low.values[v].shape
-            if len(shape) > rank or any(s not in (1, d) for s, d in zip(align(shape, rank), dom)):
+            if len(shape) > rank or any(s not in (1, d) for s, d in zip(align(shape, rank), dom, strict=True)):
                 if not (n.op in REDUCE_RULES and v in n.outputs and not n.attr("keepdims", True)):
                     raise NotFusable(f"{v} {shape} does not broadcast to the kernel domain {dom}")
         if n.op in REDUCE_RULES and not n.attr("keepdims", True):

@@ -200,7 +200,7 @@ def _concat(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape,
     axis = normalize_axis(attrs["axis"], rank)
     for v in ins[1:]:
         if len(v.shape) != rank or any(
-            d != e for i, (d, e) in enumerate(zip(v.shape, ins[0].shape)) if i != axis
+            d != e for i, (d, e) in enumerate(zip(v.shape, ins[0].shape, strict=True)) if i != axis
         ):
             raise ValueError(f"Concat inputs {[v.shape for v in ins]} differ off axis {axis}")
     out = list(ins[0].shape)
