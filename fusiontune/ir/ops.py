@@ -383,7 +383,7 @@ _register(
         "Where",
         "elementwise",
         _where,
-        lambda attrs, c, a, b: (np.where(c, a, b).astype(np.result_type(a.dtype, b.dtype)),),
+        lambda attrs, c, a, b: (np.asarray(np.where(c, a, b)).astype(np.result_type(a.dtype, b.dtype)),),
         3,
         basic=True,
         doc="cond ? a : b",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.graph import Graph
@@ -75,10 +76,13 @@ def run_pipeline(
     return PipelineResult(final, report, tuple(snapshots))
 
 
-def patterns(*names: str) -> Callable[[Callable[..., object]], Callable[..., object]]:
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def patterns(*names: str) -> Callable[[F], F]:
     """Declare the pattern names a pass tries, so the log shows them even with 0 matches."""
 
-    def mark(fn: Callable[..., object]) -> Callable[..., object]:
+    def mark(fn: F) -> F:
         fn.patterns = names  # type: ignore[attr-defined]
         return fn
 

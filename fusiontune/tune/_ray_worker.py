@@ -193,7 +193,7 @@ class TuneWorker:
         start = time.time()
         result = measure_candidate(
             self.workload, candidate, measure, request.trial, self.node,
-            {"host": self.host, "threads": numba.config.NUMBA_NUM_THREADS},
+            {"host": self.host, "threads": numba.config.NUMBA_NUM_THREADS},  # type: ignore[attr-defined]
         )
         extra = {**result.extra, "measure_window": [start, time.time()]}
         self._limit_threads()

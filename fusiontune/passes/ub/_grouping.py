@@ -40,9 +40,9 @@ class Partition:
                 self.owner[n] = i
         self.producer = {o: n.name for n in self.graph.nodes for o in n.outputs}
         self._readers: dict[str, list[str]] = {}
-        for n in self.graph.nodes:
-            for i in dict.fromkeys(n.inputs):
-                self._readers.setdefault(i, []).append(n.name)
+        for node in self.graph.nodes:
+            for value in dict.fromkeys(node.inputs):
+                self._readers.setdefault(value, []).append(node.name)
 
     # ---- queries ------------------------------------------------------------------------------
     def ops(self, gid: int) -> list[str]:
