@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fusiontune.config.fusion_config import ConfigError, FusionConfig
+from fusiontune.errors import read_user_file
 from fusiontune.passes.base import KINDS, PassInfo
 from fusiontune.passes.registry import PASSES, closest, lookup
 
@@ -48,17 +49,7 @@ def read_text(path: str | os.PathLike[str]) -> str:
     Raises:
         ConfigError: the file does not exist, is a directory, cannot be read, or is not UTF-8.
     """
-    p = Path(path)
-    try:
-        return p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{p}: is a directory, expected a file") from None
-    except PermissionError:
-        raise ConfigError(f"{p}: permission denied") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}: not a UTF-8 text file (byte {e.start})") from None
+    return read_user_file(path, ConfigError)
 
 
 def load_switch_file(path: str | os.PathLike[str]) -> FusionConfig:

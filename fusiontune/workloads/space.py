@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from fusiontune.config.fusion_config import FusionConfig
-from fusiontune.errors import UserError
+from fusiontune.errors import UserError, read_user_file
 from fusiontune.measure import METRICS, MeasureConfig
 from fusiontune.passes.base import PassInfo, SplitPoint
 from fusiontune.passes.registry import PASSES, closest, lookup
@@ -125,16 +125,7 @@ def load_space(path: str | Path) -> SearchSpace:
             unknown, of the wrong type, or out of range: one line naming the file and the key.
     """
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise SpaceError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise SpaceError(f"{source}: is a directory, expected a .toml file") from None
-    except PermissionError:
-        raise SpaceError(f"{source}: permission denied") from None
-    except UnicodeDecodeError as e:
-        raise SpaceError(f"{source}: not a UTF-8 text file (byte {e.start})") from None
+    text = read_user_file(path, SpaceError, "a .toml file")
     return loads_space(text, source)
 
 
