@@ -73,27 +73,6 @@ class FusedGraph:
             raise ValueError(f"groups do not partition the graph: missing {sorted(missing)[:5]}, extra {extra[:5]}")
         return FusedGraph(self.graph, tuple(_topo_groups(self.graph, normalized)), self.barriers)
 
-    def group_inputs(self, group: Group) -> list[str]:
-        """Values the group reads that it does not produce (graph inputs, constants, other groups)."""
-        produced = {o for n in group.nodes for o in self.graph.node(n).outputs}
-        seen: dict[str, None] = {}
-        for name in group.nodes:
-            for i in self.graph.node(name).inputs:
-                if i not in produced:
-                    seen[i] = None
-        return list(seen)
-
-    def group_outputs(self, group: Group) -> list[str]:
-        """Values the group produces that something outside it (or the graph output) reads."""
-        inside = set(group.nodes)
-        outside_reads = {i for n in self.graph.nodes if n.name not in inside for i in n.inputs}
-        outs: list[str] = []
-        for name in group.nodes:
-            for o in self.graph.node(name).outputs:
-                if o in outside_reads or o in self.graph.outputs:
-                    outs.append(o)
-        return outs
-
 
 def _topo_groups(graph: Graph, groups: list[Group]) -> list[Group]:
     """Order groups so that every group comes after the groups it reads from.
