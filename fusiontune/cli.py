@@ -238,6 +238,40 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return int(report_command(args))
 
 
+def _cmd_bisect(args: argparse.Namespace) -> int:
+    from fusiontune.bisect import bisect_command
+
+    return int(bisect_command(args))
+
+
+def _add_bisect_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "bisect",
+        help="find the pass, then the single fusion, that breaks the accuracy bound",
+        description="Delta debugging between a configuration that breaks the space's accuracy bound"
+        " (--bad; default: the registry defaults with every inexact pass on) and one that holds it"
+        " (--good; default: every switchable pass off): first over the passes in which they differ,"
+        " then over the applications of each culprit pass. Writes results/<name>/bisect.json,"
+        " bisect.md and safe_fusion_switch.cfg (bad with only the culprits off). Exit code 0 when the"
+        " safe configuration holds the bound, 1 when it does not, 2 on bad input.",
+    )
+    p.add_argument("space", metavar="SPACE", help="a search space file: the workload, metric and bound")
+    p.add_argument("--bad", metavar="FILE", help="fusion_switch.cfg or best_config.json that loses accuracy")
+    p.add_argument("--good", metavar="FILE", help="fusion_switch.cfg or best_config.json that holds the bound")
+    p.add_argument("--bound", metavar="X", type=float, help="the accuracy bound (default: the space's)")
+    p.add_argument("--metric", metavar="M", help="max_abs, max_rel, rel_l2 or cosine (default: the space's)")
+    p.add_argument("--name", metavar="NAME", help="results/<NAME>/ (default: the space's name)")
+    p.add_argument(
+        "--workers", metavar="K", type=int, default=0,
+        help="Ray workers; 0 (default) evaluates in this process: the search asks one question at a time",
+    )
+    p.add_argument("--ray-address", metavar="ADDR", help="join a running Ray cluster (with --workers K)")
+    p.add_argument(
+        "--replay", metavar="FILE", help="answer from a recorded study.db or bisect.json instead of measuring"
+    )
+    p.set_defaults(func=_cmd_bisect)
+
+
 def _add_tune_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "tune",
@@ -372,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     _add_tune_parsers(sub)
+    _add_bisect_parser(sub)
     return parser
 
 

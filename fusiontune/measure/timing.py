@@ -85,6 +85,12 @@ class Timing:
     repeat: int
 
     @staticmethod
+    def not_timed() -> Timing:
+        """No measurement (an accuracy-only check): NaN times, no samples."""
+        nan = float("nan")
+        return Timing((), nan, nan, nan, nan, 0, 0)
+
+    @staticmethod
     def from_samples(samples_s: tuple[float, ...], number: int) -> Timing:
         """Summarize per-call sample times.
 

@@ -172,7 +172,7 @@ class TuneWorker:
         self.hook.fire("build", request.trial)
         try:
             assert self.workload is not None, self.error
-            candidate = build_candidate(self.workload, request.config)
+            candidate = build_candidate(self.workload, request.config, request.deny)
         except Exception as exc:  # a candidate's failure is a value
             return "", 0.0, traceback.format_exception_only(type(exc), exc)[-1].strip()
         self._built[token] = (request, candidate)
@@ -194,6 +194,7 @@ class TuneWorker:
         result = measure_candidate(
             self.workload, candidate, measure, request.trial, self.node,
             {"host": self.host, "threads": numba.config.NUMBA_NUM_THREADS},  # type: ignore[attr-defined]
+            timing=request.timing, applications=request.applications,
         )
         extra = {**result.extra, "measure_window": [start, time.time()]}
         self._limit_threads()

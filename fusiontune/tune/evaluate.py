@@ -18,11 +18,11 @@ import numpy as np
 from fusiontune.codegen.plan import group_sources
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.graph import Graph
-from fusiontune.measure import MeasureConfig, compare, time_callable
+from fusiontune.measure import MeasureConfig, Timing, compare, time_callable
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.runtime import Program, build_program
-from fusiontune.tune.records import OK, EvalResult
+from fusiontune.tune.records import OK, Deny, EvalRequest, EvalResult, request_key
 from fusiontune.workloads import Workload
 
 
@@ -35,9 +35,9 @@ def fused_fingerprint(fused: FusedGraph) -> str:
     return h.hexdigest()[:16]
 
 
-def program_hash(graph: Graph, config: FusionConfig) -> str:
+def program_hash(graph: Graph, config: FusionConfig, deny: Deny = ()) -> str:
     """The program hash of ``config`` on ``graph`` without compiling anything (milliseconds)."""
-    return fused_fingerprint(run_pipeline(graph, config).fused)
+    return fused_fingerprint(run_pipeline(graph, config, dict(EvalRequest(-1, config, deny).deny_map())).fused)
 
 
 @dataclass(frozen=True)
@@ -48,13 +48,17 @@ class Candidate:
     pipeline: PipelineResult
     program: Program
     program_hash: str
+    deny: Deny = ()
 
 
-def build_candidate(workload: Workload, config: FusionConfig) -> Candidate:
-    """Fuse and compile ``config`` (the build phase). Raises on the candidate's own failure."""
-    pipeline = run_pipeline(workload.graph, config)
+def build_candidate(workload: Workload, config: FusionConfig, deny: Deny = ()) -> Candidate:
+    """Fuse and compile ``config`` (the build phase). Raises on the candidate's own failure.
+
+    ``deny`` refuses single applications of passes (bisection), see :class:`EvalRequest`.
+    """
+    pipeline = run_pipeline(workload.graph, config, EvalRequest(-1, config, deny).deny_map())
     phash = fused_fingerprint(pipeline.fused)
-    return Candidate(config, pipeline, build_program(pipeline.fused), phash)
+    return Candidate(config, pipeline, build_program(pipeline.fused), phash, deny)
 
 
 def measure_candidate(
@@ -64,42 +68,57 @@ def measure_candidate(
     trial: int = -1,
     node: str = "",
     extra: Mapping[str, Any] | None = None,
+    *,
+    timing: bool = True,
+    applications: bool = False,
 ) -> EvalResult:
     """Check a built candidate against the float64 reference, then time it (the measure phase).
 
     Correctness is checked before timing; a configuration whose error breaks a bound is still
     timed (the runtime/error front needs it). Never raises for the candidate's own failure.
+
+    Args:
+        timing: False checks accuracy only (bisection); the times are then NaN.
+        applications: list every application the passes made in the result.
     """
     node = node or socket.gethostname()
     program = candidate.program
+    times = Timing.not_timed()
     try:
         outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
         errors = compare(outputs, workload.reference)
-        program.bind(workload.inputs)
-        timing = time_callable(program.execute, measure)
+        if timing:
+            program.bind(workload.inputs)
+            times = time_callable(program.execute, measure)
     except Exception as exc:  # a candidate's failure is a value, not a crash of the sweep
-        failed = EvalResult.failure(trial, candidate.config, _reason(exc), node, candidate.program_hash)
+        failed = EvalResult.failure(
+            trial, candidate.config, _reason(exc), node, candidate.program_hash, candidate.deny
+        )
         return replace(failed, extra=dict(extra or {}))
     fusion: dict[str, tuple[int, int]] = {}
     for s in candidate.pipeline.report.stats:
         m, e = fusion.get(s.pass_name, (0, 0))
         fusion[s.pass_name] = (m + s.matched_times, e + s.effected_times)
+    apps = tuple(
+        (a.pass_name, a.index, a.pattern, a.nodes, a.applied) for a in candidate.pipeline.report.applications
+    ) if applications else ()
     return EvalResult(
         trial=trial,
-        config_key=candidate.config.key(),
+        config_key=request_key(candidate.config, candidate.deny),
         program_hash=candidate.program_hash,
         status=OK,
-        median_s=timing.median_s,
-        iqr_s=timing.iqr_s,
-        cv=timing.cv,
-        min_s=timing.min_s,
-        samples_s=timing.samples_s,
+        median_s=times.median_s,
+        iqr_s=times.iqr_s,
+        cv=times.cv,
+        min_s=times.min_s,
+        samples_s=times.samples_s,
         errors={"max_abs": errors.max_abs, "max_rel": errors.max_rel, "rel_l2": errors.rel_l2, "cosine": errors.cosine},
         kernels=program.kernel_count,
         compile_s=program.compile_s,
         peak_bytes=program.peak_bytes,
         node=node,
         fusion=fusion,
+        applications=apps,
         extra=dict(extra or {}),
     )
 
@@ -108,16 +127,24 @@ def evaluate_config(
     workload: Workload, config: FusionConfig, measure: MeasureConfig, trial: int = -1, node: str = ""
 ) -> EvalResult:
     """Build, check and time one configuration in this process; never raises for its failure."""
+    return evaluate_request(workload, EvalRequest(trial, config), measure, node)
+
+
+def evaluate_request(workload: Workload, request: EvalRequest, measure: MeasureConfig, node: str = "") -> EvalResult:
+    """Build, check and (unless ``request.timing`` is False) time one request; never raises for its failure."""
+    config = request.config
     try:
-        candidate = build_candidate(workload, config)
+        candidate = build_candidate(workload, config, request.deny)
     except Exception as exc:  # a candidate's failure is a value, not a crash of the sweep
         phash = ""
         try:
-            phash = program_hash(workload.graph, config)
+            phash = program_hash(workload.graph, config, request.deny)
         except Exception:
             pass
-        return EvalResult.failure(trial, config, _reason(exc), node or socket.gethostname(), phash)
-    return measure_candidate(workload, candidate, measure, trial, node)
+        return EvalResult.failure(request.trial, config, _reason(exc), node or socket.gethostname(), phash, request.deny)
+    return measure_candidate(
+        workload, candidate, measure, request.trial, node, timing=request.timing, applications=request.applications
+    )
 
 
 def _reason(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from fusiontune.measure import MeasureConfig
-from fusiontune.tune.evaluate import evaluate_config
+from fusiontune.tune.evaluate import evaluate_request
 from fusiontune.tune.records import EvalRequest, EvalResult
 from fusiontune.workloads import Workload
 
@@ -37,7 +37,7 @@ class LocalEvaluator:
         self.measure = measure
 
     def evaluate(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
-        return [evaluate_config(self.workload, r.config, self.measure, r.trial) for r in requests]
+        return [evaluate_request(self.workload, r, self.measure) for r in requests]
 
     def close(self) -> None:
         return None

@@ -302,7 +302,7 @@ class RayEvaluator:
     def _fail(
         self, request: EvalRequest, slot: _Slot, message: str, program_hash: str = ""
     ) -> EvalResult:
-        failed = EvalResult.failure(request.trial, request.config, message, slot.node, program_hash)
+        failed = EvalResult.failure(request.trial, request.config, message, slot.node, program_hash, request.deny)
         return dataclasses.replace(failed, extra={"host": slot.host})
 
     # ---- phase 1: build ------------------------------------------------------------------
@@ -333,7 +333,8 @@ class RayEvaluator:
                 reason = next((s.last_error for s in self._slots if s.last_error), "no live actor")
                 for i in queue:
                     results[i] = EvalResult.failure(
-                        requests[i].trial, requests[i].config, f"no Ray worker available: {reason}"
+                        requests[i].trial, requests[i].config, f"no Ray worker available: {reason}",
+                        deny=requests[i].deny,
                     )
                 break
             deadline = min((t0 + self.trial_timeout_s for *_, t0 in running.values()), default=None)

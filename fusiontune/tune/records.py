@@ -8,7 +8,7 @@ a sweep.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,12 +18,46 @@ OK = "ok"
 FAILED = "failed"
 
 
+Deny = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def normalize_deny(deny: Mapping[str, Iterable[int]] | Deny | None) -> Deny:
+    """Denied applications as a sorted, hashable tuple ``((pass, (index, ...)), ...)``."""
+    items = deny.items() if isinstance(deny, Mapping) else (deny or ())
+    return tuple(sorted((str(p), tuple(sorted({int(i) for i in idx}))) for p, idx in items if idx))
+
+
+def request_key(config: FusionConfig, deny: Deny = ()) -> str:
+    """The key of a configuration with some applications denied (``FusionConfig.key()`` if none)."""
+    if not deny:
+        return config.key()
+    return config.key() + "|deny:" + ";".join(f"{p}=" + ",".join(map(str, idx)) for p, idx in deny)
+
+
 @dataclass(frozen=True)
 class EvalRequest:
-    """Evaluate one configuration (``trial`` is the optuna trial number, -1 outside a study)."""
+    """Evaluate one configuration (``trial`` is the optuna trial number, -1 outside a study).
+
+    Attributes:
+        trial: the optuna trial number, -1 outside a study.
+        config: the configuration.
+        deny: single applications to refuse, ``((pass, (index, ...)), ...)`` (bisection's second
+            step switches off one fusion out of many); see :func:`normalize_deny`.
+        timing: False to check accuracy only (bisection): the result has no times (NaN).
+        applications: True to list every application the passes made in the result.
+    """
 
     trial: int
     config: FusionConfig
+    deny: Deny = ()
+    timing: bool = True
+    applications: bool = False
+
+    def key(self) -> str:
+        return request_key(self.config, self.deny)
+
+    def deny_map(self) -> dict[str, frozenset[int]]:
+        return {p: frozenset(idx) for p, idx in self.deny}
 
 
 @dataclass(frozen=True)
@@ -45,6 +79,8 @@ class EvalResult:
         peak_bytes: the program's planned peak memory.
         node: the machine (host name, or Ray node id) it was measured on.
         fusion: per pass, ``(matched_times, effected_times)``.
+        applications: when the request asked, every application of every pass that ran:
+            ``(pass, index, pattern, original node names, applied)``.
         extra: evaluator-specific fields (reuse of another trial's measurement, log paths).
     """
 
@@ -64,6 +100,7 @@ class EvalResult:
     peak_bytes: int = 0
     node: str = ""
     fusion: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    applications: tuple[tuple[str, int, str, tuple[str, ...], bool], ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -79,6 +116,7 @@ class EvalResult:
         d["samples_s"] = list(self.samples_s)
         d["errors"] = dict(self.errors)
         d["fusion"] = {k: list(v) for k, v in self.fusion.items()}
+        d["applications"] = [[p, i, pat, list(nodes), ok] for p, i, pat, nodes, ok in self.applications]
         d["extra"] = dict(self.extra)
         return d
 
@@ -87,8 +125,13 @@ class EvalResult:
         d = dict(d)
         d["samples_s"] = tuple(d.get("samples_s", ()))
         d["fusion"] = {k: (int(v[0]), int(v[1])) for k, v in dict(d.get("fusion", {})).items()}
+        d["applications"] = tuple(
+            (str(p), int(i), str(pat), tuple(nodes), bool(ok)) for p, i, pat, nodes, ok in d.get("applications", ())
+        )
         return EvalResult(**d)
 
     @staticmethod
-    def failure(trial: int, config: FusionConfig, message: str, node: str = "", program_hash: str = "") -> EvalResult:
-        return EvalResult(trial, config.key(), program_hash, FAILED, message, node=node)
+    def failure(
+        trial: int, config: FusionConfig, message: str, node: str = "", program_hash: str = "", deny: Deny = ()
+    ) -> EvalResult:
+        return EvalResult(trial, request_key(config, deny), program_hash, FAILED, message, node=node)

@@ -8,6 +8,7 @@ time. A configuration that is not in the table gets a failed result.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -94,6 +95,26 @@ class ReplayEvaluator:
                 records.append(EvalResult.from_json(record))
         return cls(records, workers=workers)
 
+    @classmethod
+    def from_bisect(cls, path: str) -> ReplayEvaluator:
+        """Replay the evaluations recorded in a ``bisect.json`` (keyed with their denied applications).
+
+        Raises:
+            UserError: the file is not a bisect.json.
+        """
+        from fusiontune.errors import read_user_file
+
+        text = read_user_file(path)
+        try:
+            data = json.loads(text)
+            records = [
+                EvalResult.from_json({k: math.nan if v is None else v for k, v in e["result"].items()})
+                for e in data["evaluations"]
+            ]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"{path}: not a bisect.json with recorded evaluations ({exc})") from None
+        return cls(records)
+
     def __len__(self) -> int:
         return len(self.table)
 
@@ -105,7 +126,7 @@ class ReplayEvaluator:
         out = []
         for request in requests:
             self.calls += 1
-            key = request.config.key()
+            key = request.key()
             held = self.table.get(key)
             if held is None:
                 out.append(EvalResult(request.trial, key, "", FAILED, NOT_RECORDED, node="replay"))

@@ -57,7 +57,7 @@ def tune_command(args: argparse.Namespace) -> int:
     seed = space.seed if args.seed is None else args.seed
     make_sampler(args.sampler or space.sampler, space, seed, n_trials, trial_constraint)
     open_storage(storage_url)
-    evaluator, workload = _make_evaluator(args, space, workers)
+    evaluator, workload = make_evaluator(args, space, workers)
     started = time.perf_counter()
     try:
         result = run_tune(
@@ -114,8 +114,12 @@ def tune_command(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if interrupted else 0
 
 
-def _make_evaluator(args: argparse.Namespace, space: Any, workers: int) -> tuple[Any, Any]:
-    """The evaluator for this run, and the workload when it was loaded here."""
+def make_evaluator(args: argparse.Namespace, space: Any, workers: int) -> tuple[Any, Any]:
+    """The evaluator for this run, and the workload when it was loaded here.
+
+    ``args.replay``: a recorded study (``study.db`` or a storage URL), or a ``bisect.json`` whose
+    evaluations are answered again; ``workers == 0``: in process; otherwise Ray actors.
+    """
     from fusiontune.measure import MeasureConfig
     from fusiontune.tune.evaluator import LocalEvaluator
     from fusiontune.workloads import make_workload
@@ -126,6 +130,8 @@ def _make_evaluator(args: argparse.Namespace, space: Any, workers: int) -> tuple
         path = args.replay
         if "://" not in path and not Path(path).is_file():
             raise UserError(f"--replay {path}: no such file")
+        if path.endswith(".json"):
+            return ReplayEvaluator.from_bisect(path), None
         return ReplayEvaluator.from_study(path), None
     if workers == 0:
         workload = make_workload(space.workload, **dict(space.sizes))
