@@ -5,6 +5,9 @@ expansion, the way MindSpore's graph-kernel expanders do, and NormSplitFusionPas
 expansions to cut an op between its statistics and its elementwise part. Each expansion equals the
 op's numpy reference up to rounding; tests check that.
 
+A LayerNorm or AddLayerNorm with ``variance="one_pass"`` takes its variance as
+``max(E[x^2] - E[x]^2, 0)`` (both means in one sweep over x) instead of ``E[(x - E[x])^2]``.
+
 An expansion returns two lists of nodes: ``stats`` (the reductions and everything computed per
 row) and ``apply`` (the elementwise part that produces the op's outputs). The apply part recomputes
 what it needs from the op's inputs, so cutting between the two lists is a valid split: the apply
@@ -90,8 +93,14 @@ def expand(node: Node, values: Mapping[str, Value]) -> Expansion:
         gamma, beta = ins[-2], ins[-1]
         eps = node.attr("eps", 1e-5)
         mean = w.op("ReduceMean", x, axes=(-1,), keepdims=True)
-        d = w.op("Sub", x, mean)
-        var = w.op("ReduceMean", w.op("Mul", d, d), axes=(-1,), keepdims=True)
+        if node.attr("variance", "two_pass") == "one_pass":
+            # One sweep: E[x] and E[x^2] read x in the same round; var = max(E[x^2] - E[x]^2, 0).
+            msq = w.op("ReduceMean", w.op("Mul", x, x), axes=(-1,), keepdims=True)
+            diff = w.op("Sub", msq, w.op("Mul", mean, mean))
+            var = w.op("Maximum", diff, w.const(0.0))
+        else:
+            d = w.op("Sub", x, mean)
+            var = w.op("ReduceMean", w.op("Mul", d, d), axes=(-1,), keepdims=True)
         rstd = w.op("Rsqrt", w.op("Add", var, w.const(eps)))
         cut = w.mark()
         x2 = x if node.op == "LayerNorm" else w.op("Add", ins[0], ins[1])

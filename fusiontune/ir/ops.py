@@ -136,6 +136,8 @@ def _reduce(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape,
 def _norm(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
     x = ins[0]
     n = x.shape[-1]
+    if attrs.get("variance", "two_pass") not in VARIANCE_MODES:
+        raise ValueError(f"variance must be one of {VARIANCE_MODES}, got {attrs['variance']!r}")
     for p in ins[1:]:
         if p.shape not in ((n,), (1, n)) and broadcast_shapes(p.shape, x.shape) != x.shape:
             raise ValueError(f"parameter shape {p.shape} does not fit normalized shape {x.shape}")
@@ -275,9 +277,29 @@ def _softmax(attrs: Mapping[str, Any], x: np.ndarray) -> tuple[np.ndarray, ...]:
     return (e / e.sum(axis=axis, keepdims=True),)
 
 
-def _layer_norm_core(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+VARIANCE_MODES = ("two_pass", "one_pass")
+"""LayerNorm's ``variance`` attribute: ``E[(x - mean)^2]`` (two sweeps) or ``E[x^2] - mean^2``."""
+
+
+def _variance(x: np.ndarray, mean: np.ndarray, mode: str) -> np.ndarray:
+    """The row variance over the last axis, computed as ``mode`` says, in x's dtype.
+
+    ``"one_pass"`` is ``max(E[x^2] - E[x]^2, 0)``: both means come from one sweep over x, and the
+    clamp keeps a cancellation that goes below zero from turning into a NaN under the square root.
+    """
+    if mode == "one_pass":
+        msq = np.square(x).mean(axis=-1, keepdims=True)
+        return np.maximum(msq - mean * mean, x.dtype.type(0))
+    if mode != "two_pass":
+        raise ValueError(f"variance must be one of {VARIANCE_MODES}, got {mode!r}")
+    return np.square(x - mean).mean(axis=-1, keepdims=True)
+
+
+def _layer_norm_core(
+    x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float, variance: str = "two_pass"
+) -> np.ndarray:
     mean = x.mean(axis=-1, keepdims=True)
-    var = np.square(x - mean).mean(axis=-1, keepdims=True)
+    var = _variance(x, mean, variance)
     return (x - mean) / np.sqrt(var + x.dtype.type(eps)) * gamma + beta
 
 
@@ -287,7 +309,7 @@ def _rms_norm_core(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
 
 
 def _layer_norm(attrs: Mapping[str, Any], x: np.ndarray, g: np.ndarray, b: np.ndarray) -> tuple:
-    return (_layer_norm_core(x, g, b, attrs.get("eps", 1e-5)),)
+    return (_layer_norm_core(x, g, b, attrs.get("eps", 1e-5), attrs.get("variance", "two_pass")),)
 
 
 def _rms_norm(attrs: Mapping[str, Any], x: np.ndarray, g: np.ndarray) -> tuple:
@@ -296,7 +318,7 @@ def _rms_norm(attrs: Mapping[str, Any], x: np.ndarray, g: np.ndarray) -> tuple:
 
 def _add_layer_norm(attrs: Mapping[str, Any], a: np.ndarray, b: np.ndarray, g: np.ndarray, beta: np.ndarray) -> tuple:
     s = a + b
-    return (_layer_norm_core(s, g, beta, attrs.get("eps", 1e-5)), s)
+    return (_layer_norm_core(s, g, beta, attrs.get("eps", 1e-5), attrs.get("variance", "two_pass")), s)
 
 
 def _add_rms_norm(attrs: Mapping[str, Any], a: np.ndarray, b: np.ndarray, g: np.ndarray) -> tuple:
@@ -413,8 +435,9 @@ for _name, _fn, _doc in (
 _register(OpDef("Softmax", "reduction", _same, _softmax, 1, attrs={"axis": -1}, doc="exp(x - max) / sum"))
 _register(
     OpDef(
-        "LayerNorm", "reduction", _norm, _layer_norm, 3, attrs={"eps": 1e-5},
-        doc="(x - mean) / sqrt(var + eps) * gamma + beta over the last axis",
+        "LayerNorm", "reduction", _norm, _layer_norm, 3, attrs={"eps": 1e-5, "variance": "two_pass"},
+        doc="(x - mean) / sqrt(var + eps) * gamma + beta over the last axis; "
+        "variance='one_pass' takes var as max(E[x^2] - mean^2, 0)",
     )
 )
 _register(
@@ -425,8 +448,9 @@ _register(
 )
 _register(
     OpDef(
-        "AddLayerNorm", "reduction", _add_norm, _add_layer_norm, 4, attrs={"eps": 1e-5},
-        doc="s = a + b; (LayerNorm(s), s)",
+        "AddLayerNorm", "reduction", _add_norm, _add_layer_norm, 4,
+        attrs={"eps": 1e-5, "variance": "two_pass"},
+        doc="s = a + b; (LayerNorm(s), s); variance as LayerNorm's",
     )
 )
 _register(

@@ -2,6 +2,10 @@
 
 Adding a pass is one new module and one row here. The pipeline runs the rows stage by stage
 (``STAGES``), and within a stage in table order; the fusion log prints them in that order.
+
+Inexact passes (``exact=False``: FastGeluPass, OnePassVarianceFusionPass, the ``precision``
+stage) trade accuracy for speed: they are off by default, and each declares the relative error
+it may add (``expected_error``), which its run function's docstring derives.
 """
 
 from __future__ import annotations
@@ -10,7 +14,18 @@ import difflib
 
 from fusiontune.passes.base import GRAPH_FUSION, UB_FUSION, PassInfo, SplitPoint
 
-STAGES = ("canonicalize", "graph", "split_pre", "ub_epilogue", "ub_basic", "ub_composite", "ub_multi", "split_post")
+STAGES = (
+    "canonicalize",
+    "graph",
+    "split_pre",
+    "ub_epilogue",
+    "ub_basic",
+    "ub_composite",
+    "ub_multi",
+    "split_post",
+    "precision",
+)
+"""Pipeline order. ``precision`` comes last: its passes annotate the final kernels' arithmetic."""
 
 _G = "fusiontune.passes.graph"
 _U = "fusiontune.passes.ub"
@@ -30,6 +45,9 @@ def _p(
     split_points: tuple[SplitPoint, ...] = (),
     expected_error: float = 0.0,
 ) -> PassInfo:
+    if not exact:
+        # `fusiontune passes` shows the summary: say up front what an inexact pass may cost.
+        summary = f"inexact, error ~{expected_error:.1e} rel: {summary}"
     return PassInfo(
         name=name,
         aliases=aliases,
@@ -60,6 +78,10 @@ PASSES: tuple[PassInfo, ...] = (
     _p("GeluFusionPass", ("gelu_fusion",), GRAPH_FUSION, "graph",
        f"{_G}.gelu:gelu_fusion",
        "0.5*x*(1+erf(x/sqrt2)) subgraph -> Gelu"),
+    _p("FastGeluPass", ("fast_gelu_fusion",), GRAPH_FUSION, "graph",
+       f"{_G}.fast_gelu:fast_gelu_fusion",
+       "erf GELU (node or subgraph) -> tanh approximation",
+       default=False, exact=False, expected_error=5e-4),
     _p("SoftmaxFusionPass", ("softmax_fusion",), GRAPH_FUSION, "graph",
        f"{_G}.softmax:softmax_fusion",
        "max / sub / exp / sum / div -> Softmax"),
@@ -75,6 +97,10 @@ PASSES: tuple[PassInfo, ...] = (
     _p("AddRmsNormFusionPass", ("add_rms_norm_fusion",), GRAPH_FUSION, "graph",
        f"{_G}.add_norm:add_rms_norm_fusion",
        "Add + RMSNorm -> AddRmsNorm (also returns the sum)"),
+    _p("OnePassVarianceFusionPass", ("one_pass_variance",), GRAPH_FUSION, "graph",
+       f"{_G}.one_pass_variance:one_pass_variance_fusion",
+       "LayerNorm variance as E[x^2] - E[x]^2 in one sweep",
+       default=False, exact=False, expected_error=1e-6),
     _p("SwiGluFusionPass", ("inference_swiglu_fusion",), GRAPH_FUSION, "graph",
        f"{_G}.swiglu:swiglu_fusion",
        "silu(gate) * up -> SwiGlu"),
@@ -117,6 +143,19 @@ PASSES: tuple[PassInfo, ...] = (
        f"{_U}.matmul_row_split:matmul_row_split_fusion",
        "run MatMul in row blocks, applying the epilogue to each block while it is in cache",
        split_points=(SplitPoint("row_block", 0, 4096, "rows per block; the epilogue runs on each block while in cache", (0, 32, 128, 512)),)),
+    # ---- precision: inexact annotations of the final kernels' arithmetic (all off by default) --
+    _p("ApproxTranscendentalFusionPass", ("approx_transcendental",), UB_FUSION, "precision",
+       f"{_U}.approx_transcendental:approx_transcendental_fusion",
+       "kernels with exp/tanh/sigmoid/erf use fast approximations",
+       default=False, exact=False, expected_error=2e-6),
+    _p("LowPrecisionFusionPass", ("enable_low_precision",), UB_FUSION, "precision",
+       f"{_U}.low_precision:low_precision_fusion",
+       "loop-nest kernels compute in float16 (float32 accumulation)",
+       default=False, exact=False, expected_error=2.0**-11),
+    _p("LowPrecisionBf16FusionPass", ("enable_low_precision_bf16",), UB_FUSION, "precision",
+       f"{_U}.low_precision:low_precision_bf16_fusion",
+       "loop-nest kernels compute in bfloat16 (float32 accumulation)",
+       default=False, exact=False, expected_error=2.0**-8),
 )
 
 BY_NAME: dict[str, PassInfo] = {p.name: p for p in PASSES}

@@ -132,9 +132,17 @@ def test_dump_json_minimal_is_all_plus_exceptions() -> None:
 
 def test_dump_lines_minimal_is_section_all_plus_exceptions() -> None:
     config = FusionConfig.defaults().with_switches(GeluFusionPass=False)
-    assert dump_switch_lines(config, minimal=True) == (
-        "GraphFusion.ALL:on\nGeluFusionPass:off\nUBFusion.ALL:on\n"
-    )
+    # ALL:on, then in registry order the passes that are off: GeluFusionPass and the passes that
+    # are off by default (the inexact ones).
+    expected = ""
+    for kind in ("GraphFusion", "UBFusion"):
+        expected += f"{kind}.ALL:on\n" + "".join(
+            f"{p.name}:off\n"
+            for p in PASSES
+            if p.kind == kind and (p.name == "GeluFusionPass" or not p.default)
+        )
+    assert expected.startswith("GraphFusion.ALL:on\nGeluFusionPass:off\n")
+    assert dump_switch_lines(config, minimal=True) == expected
 
 
 def test_dump_never_writes_split_points() -> None:

@@ -20,7 +20,8 @@ def _finder(norm_op: str, fused_op: str) -> Finder:
             return
         for norm in view.readers(s):
             if norm.op == norm_op and norm.inputs[0] == s:
-                attrs = op_attrs(fused_op, eps=effective_attrs(norm)["eps"])
+                # The fused op has the norm's attributes (eps; LayerNorm's variance mode too).
+                attrs = op_attrs(fused_op, **effective_attrs(norm))
                 inputs = (a, b, *norm.inputs[1:])
                 yield Fusion(fused_op, (add, norm), fused_op, inputs, (norm.outputs[0], s), attrs)
 
