@@ -34,6 +34,7 @@ from fusiontune.report.tables import (
     DEFAULTS,
     SPLIT_COLUMNS,
     SWITCH_COLUMNS,
+    accuracy_attribution,
     baseline_trial,
     default_storage,
     fmt_number,
@@ -277,6 +278,7 @@ def _document(
                 ],
             )
         )
+    doc += _attribution(frame, effect, str(study.user_attrs.get("metric", "error")))
     doc.append(("h2", "Parameter importance (median runtime)"))
     if importance is None:
         doc.append(("p", method))
@@ -312,6 +314,29 @@ def _document(
     if study.user_attrs.get("space_toml"):
         doc += [("h2", "Search space"), ("pre", str(study.user_attrs["space_toml"]).rstrip())]
     return doc
+
+
+def _attribution(frame: pd.DataFrame, effect: pd.DataFrame, metric: str) -> list[Block]:
+    """The accuracy-attribution table: what each speed-for-accuracy trade costs and brings."""
+    table = accuracy_attribution(frame, effect)
+    if table.empty:
+        return []
+    rows = []
+    for r in table.rename(columns={"pass": "pass_"}).itertuples(index=False):
+        error = "not measured" if r.trial is None else f"{fmt_number(r.error)} (trial {r.trial})"
+        within = "-" if r.trial is None else ("yes" if r.feasible else "no")
+        speedup = "-" if math.isnan(r.speedup) else f"{r.speedup:.2f}"
+        rows.append([r.pass_, f"{r.expected:.1e}", error, within, speedup, f"{r.n_on} / {r.n_off}"])
+    return [
+        ("h2", "Accuracy attribution (inexact passes)"),
+        (
+            "p",
+            f"For each pass that trades accuracy for speed: the declared error, the {metric} of the"
+            " defaults with only that pass on, whether that holds the bound, and the median speedup"
+            " the pass brings over the sweep (median speedup with it on / with it off).",
+        ),
+        ("table", ["pass", "declared error", f"{metric}, only it on", "within bound", "speedup on / off", "trials on / off"], rows),
+    ]
 
 
 # ---- entry points --------------------------------------------------------------------------------

@@ -296,6 +296,42 @@ def pass_effect(frame: pd.DataFrame, searched: Sequence[str] | None = None) -> p
     return out.sort_values("ratio", ascending=False, kind="stable").reset_index(drop=True)
 
 
+def accuracy_attribution(frame: pd.DataFrame, effect: pd.DataFrame | None = None) -> pd.DataFrame:
+    """For each inexact pass: the error with only it on, and the median speedup it brings.
+
+    The error comes from the ``only:<Pass>`` trial the sweep enqueues (the defaults with that one
+    inexact pass on); the speedup is the pass's on/off ratio of median speedups over the sweep
+    (:func:`pass_effect`), NaN when it was not switched both ways in measured trials.
+
+    Returns:
+        Columns ``pass``, ``expected`` (the registry's declared error), ``error`` (NaN when the
+        trial is missing or failed), ``feasible``, ``trial``, ``speedup``, ``n_on``, ``n_off``;
+        one row per inexact pass that has a column in ``frame``, in registry order.
+    """
+    effect = pass_effect(frame) if effect is None else effect
+    by_pass = {r["pass"]: r for r in effect.to_dict("records")}
+    rows = []
+    for p in PASSES:
+        if p.exact or f"pass.{p.name}" not in frame.columns:
+            continue
+        only = frame[(frame["role"] == f"only:{p.name}") & (frame["state"] == "COMPLETE")]
+        eff = by_pass.get(p.name)
+        rows.append(
+            {
+                "pass": p.name,
+                "expected": p.expected_error,
+                "error": float(only["error"].iloc[0]) if len(only) else math.nan,
+                "feasible": bool(only["feasible"].iloc[0]) if len(only) else False,
+                "trial": int(only["number"].iloc[0]) if len(only) else None,
+                "speedup": eff["ratio"] if eff else math.nan,
+                "n_on": eff["n_on"] if eff else 0,
+                "n_off": eff["n_off"] if eff else 0,
+            }
+        )
+    columns = ["pass", "expected", "error", "feasible", "trial", "speedup", "n_on", "n_off"]
+    return pd.DataFrame(rows, columns=columns)
+
+
 # ---- parameter importance ----------------------------------------------------------------------------------
 def importance_evaluator(study: Any) -> tuple[Any, str]:
     """fANOVA (seeded) when scikit-learn is installed, else PED-ANOVA (optuna alone).

@@ -295,16 +295,31 @@ def params_from_config(space: SearchSpace, config: FusionConfig) -> dict[str, ob
     return out
 
 
+ONLY_ROLE = "only:"
+"""Role prefix of the attribution trials: ``only:<Pass>`` is the defaults with one inexact pass on."""
+
+
 def baseline_params(space: SearchSpace) -> dict[str, dict[str, object]]:
-    """The two trials enqueued first, by role: ``defaults`` and ``all_off``.
+    """The trials enqueued first, by role: ``defaults``, ``all_off``, then one per inexact pass.
 
     ``defaults``: the registry defaults, split points 0. ``all_off``: every searched pass off,
-    split points 0. Passes the space does not search keep their fixed or default value in both.
+    split points 0. ``only:<Pass>``, for each inexact pass the space searches: the defaults with
+    that pass on (and every other inexact pass off), which gives the report's accuracy
+    attribution: the error each speed-for-accuracy trade costs on its own. Passes the space does
+    not search keep their fixed or default value in all of them.
     """
-    return {
+    out = {
         "defaults": params_from_config(space, FusionConfig.defaults()),
         "all_off": params_from_config(space, FusionConfig.all_off()),
     }
+    for name in inexact_searched(space):
+        out[ONLY_ROLE + name] = params_from_config(space, FusionConfig.defaults().with_switches(**{name: True}))
+    return out
+
+
+def inexact_searched(space: SearchSpace) -> list[str]:
+    """The inexact passes (``exact = false``) whose switch the space searches, in registry order."""
+    return [p.name for p in PASSES if not p.exact and p.name in space.searched]
 
 
 def dimension_choices(space: SearchSpace) -> dict[str, tuple[object, ...]]:
