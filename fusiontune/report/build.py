@@ -278,7 +278,7 @@ def _document(
                 ],
             )
         )
-    doc += _attribution(frame, effect, str(study.user_attrs.get("metric", "error")))
+    doc += _attribution(frame, effect, searched, str(study.user_attrs.get("metric", "error")))
     doc.append(("h2", "Parameter importance (median runtime)"))
     if importance is None:
         doc.append(("p", method))
@@ -316,9 +316,9 @@ def _document(
     return doc
 
 
-def _attribution(frame: pd.DataFrame, effect: pd.DataFrame, metric: str) -> list[Block]:
+def _attribution(frame: pd.DataFrame, effect: pd.DataFrame, searched: list[str], metric: str) -> list[Block]:
     """The accuracy-attribution table: what each speed-for-accuracy trade costs and brings."""
-    table = accuracy_attribution(frame, effect)
+    table = accuracy_attribution(frame, effect, searched)
     if table.empty:
         return []
     rows = []

@@ -296,7 +296,9 @@ def pass_effect(frame: pd.DataFrame, searched: Sequence[str] | None = None) -> p
     return out.sort_values("ratio", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def accuracy_attribution(frame: pd.DataFrame, effect: pd.DataFrame | None = None) -> pd.DataFrame:
+def accuracy_attribution(
+    frame: pd.DataFrame, effect: pd.DataFrame | None = None, searched: Sequence[str] | None = None
+) -> pd.DataFrame:
     """For each inexact pass: the error with only it on, and the median speedup it brings.
 
     The error comes from the ``only:<Pass>`` trial the sweep enqueues (the defaults with that one
@@ -306,15 +308,18 @@ def accuracy_attribution(frame: pd.DataFrame, effect: pd.DataFrame | None = None
     Returns:
         Columns ``pass``, ``expected`` (the registry's declared error), ``error`` (NaN when the
         trial is missing or failed), ``feasible``, ``trial``, ``speedup``, ``n_on``, ``n_off``;
-        one row per inexact pass that has a column in ``frame``, in registry order.
+        one row per inexact pass that was searched (``searched``; None: every pass column) or has
+        an ``only:`` trial, in registry order.
     """
-    effect = pass_effect(frame) if effect is None else effect
+    effect = pass_effect(frame, searched) if effect is None else effect
     by_pass = {r["pass"]: r for r in effect.to_dict("records")}
     rows = []
     for p in PASSES:
-        if p.exact or f"pass.{p.name}" not in frame.columns:
-            continue
+        col = f"pass.{p.name}"
         only = frame[(frame["role"] == f"only:{p.name}") & (frame["state"] == "COMPLETE")]
+        tried = col in frame.columns and (searched is None or col in searched)
+        if p.exact or not (tried or (frame["role"] == f"only:{p.name}").any()):
+            continue
         eff = by_pass.get(p.name)
         rows.append(
             {
