@@ -67,8 +67,8 @@ class PassInfo:
         split_points: the integer parameters of a split-fusion pass.
         entry: ``"module:function"`` of the run function, imported on first use.
         summary: one line for ``fusiontune passes``.
-        stage: where the pipeline runs it: canonicalize, graph, ub_basic, ub_composite, ub_multi,
-            ub_epilogue, split.
+        stage: where the pipeline runs it, one of ``registry.STAGES``: canonicalize, graph,
+            split_pre, ub_epilogue, ub_basic, ub_composite, ub_multi, split_post, precision.
         expected_error: for inexact passes, the relative error the rewrite may add.
     """
 

@@ -1,4 +1,7 @@
-"""The pipeline: canonicalize -> GraphFusion -> split -> UBFusion grouping -> split, in order.
+"""The pipeline: canonicalize -> GraphFusion -> split -> UBFusion grouping -> split -> precision.
+
+The last stage, precision, holds the inexact UBFusion passes that change how a formed kernel
+computes (approximate transcendentals, low-precision intermediates), not which nodes it holds.
 
 Each stage runs the registry's passes of that stage in table order, the enabled ones only, and
 every pass that runs leaves its CANN log lines in the report, in execution order:
