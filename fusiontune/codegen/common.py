@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from fusiontune.codegen.rules import NUMERICS_FUNCTIONS
 from fusiontune.ir.expand import EXPANDABLE, expand
 from fusiontune.ir.graph import Graph, Node, Shape, Value
 
@@ -84,6 +86,25 @@ def decorator(args: Sequence[ArgSpec], parallel: bool, reassoc: bool = True) -> 
 
 
 HEADER = "import math\nimport numpy as np\nimport numba\n\n\n"
+
+
+def kernel_header(body: str, imports: Sequence[str] = ()) -> str:
+    """The module header of a kernel whose code is ``body``: :data:`HEADER`, ``imports``, and the
+    functions of codegen/numerics.py that ``body`` calls.
+
+    A kernel calling numerics carries ``NUMERICS_VERSION`` (a hash of numerics.py) in a comment:
+    numba's disk cache of the kernel would keep the machine code of an old version of the
+    functions it inlined, while a new comment makes a new source, hence a new kernel key. The
+    import of numerics (which loads its compiled functions) happens only for such kernels.
+    """
+    lines = ["import math", "import numpy as np", "import numba", *imports]
+    used = [f for f in NUMERICS_FUNCTIONS if re.search(rf"\b{f}\(", body)]
+    if used:
+        from fusiontune.codegen.numerics import NUMERICS_VERSION
+
+        lines.append(f"from fusiontune.codegen.numerics import {', '.join(used)}")
+        lines.append(f"# fusiontune.codegen.numerics version {NUMERICS_VERSION}")
+    return "\n".join(lines) + "\n\n\n"
 
 
 @dataclass

@@ -9,6 +9,10 @@ that each fuse with the epilogue.
 
 When the right operand is a plain weight matrix (no batch dims), the batch dims of the left operand
 are folded into its rows, so the whole layer is one large GEMM.
+
+``math="approx"`` applies to the epilogue as in a loop nest (a GELU after a Linear vectorizes).
+``precision`` does not: low-precision emulation is a loop-nest feature, and the product itself is
+a float32 / float64 BLAS call either way.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import numpy as np
 
 from fusiontune.codegen.blas import gemm_name
 from fusiontune.codegen.common import (
-    HEADER,
     PARALLEL_MIN_ELEMENTS,
     ArgSpec,
     KernelSource,
@@ -28,8 +31,9 @@ from fusiontune.codegen.common import (
     NotFusable,
     align,
     decorator,
+    kernel_header,
 )
-from fusiontune.codegen.rules import SCALAR_RULES, literal
+from fusiontune.codegen.rules import SCALAR_RULES, literal, scalar_expr
 from fusiontune.ir.graph import Shape
 from fusiontune.ir.ops import get_op
 
@@ -79,9 +83,11 @@ def _epilogue_view(shape: Shape, out: Shape, flat: bool) -> Shape | None:
 
 
 def generate_contraction_kernel(
-    low: Lowered, inputs: Sequence[str], outputs: Sequence[str], name: str, row_block: int = 0
+    low: Lowered, inputs: Sequence[str], outputs: Sequence[str], name: str, row_block: int = 0, approx: bool = False
 ) -> KernelSource:
     """Generate MatMul (+ bias) + elementwise epilogue as one kernel.
+
+    ``approx`` writes the epilogue's exp, tanh and erf as codegen/numerics.py's approximations.
 
     Raises:
         NotFusable: not exactly one MatMul, an epilogue op that is not elementwise over the
@@ -166,7 +172,7 @@ def generate_contraction_kernel(
         dt = low.values[n.outputs[0]].dtype
         lit_dt = dt if dt != "bool" else dtype
         var[n.outputs[0]] = f"v{i}"
-        expr = SCALAR_RULES[n.op]([var[x] for x in n.inputs], {**get_op(n.op).attrs, **n.attrs}, lambda c, d=lit_dt: literal(c, d), dt)
+        expr = scalar_expr(n.op, [var[x] for x in n.inputs], {**get_op(n.op).attrs, **n.attrs}, lambda c, d=lit_dt: literal(c, d), dt, approx)
         body.append(f"v{i} = {expr}")
     for o in outputs:
         body.append(f"{an[o]}{{idx_{slot[o]}}} = {var[o]}")
@@ -224,7 +230,8 @@ def generate_contraction_kernel(
             emit(f"        bi = t // {MM}")
             emit(f"        r = t % {MM}")
             epilogue("        ", "bi", "r", f"{acc_buf}[bi, r, c]")
-    source = HEADER.replace("import numba\n", "import numba\nfrom fusiontune.codegen.blas import gemm32, gemm64\n") + "\n".join(lines) + "\n"
+    code = "\n".join(lines) + "\n"
+    source = kernel_header(code, ["from fusiontune.codegen.blas import gemm32, gemm64"]) + code
     nbytes = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in args)
     flops = 2 * BC * MM * N * K + BC * MM * N * len(epi)
     return KernelSource(name, source, tuple(args), "contraction", nbytes, flops)

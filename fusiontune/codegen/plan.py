@@ -3,17 +3,23 @@
 A group with a MatMul is a contraction kernel; a single layout node is a layout kernel; anything
 else is a loop nest. UBFusion passes ask :func:`check_fusable` before they merge groups, so every
 group they form is one that a template can run as one kernel.
+
+A group's ``schedule`` carries codegen hints: ``row_block`` (contractions),
+``math="approx"`` (vectorizable exp / tanh / erf, codegen/numerics.py) and
+``precision="float16"|"bfloat16"`` (low-precision emulation in loop nests); see
+:func:`kernel_source`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fusiontune.codegen.common import KernelSource, NotFusable, lower_group
 from fusiontune.codegen.contraction import generate_contraction_kernel
 from fusiontune.codegen.layout import generate_layout_kernel
 from fusiontune.codegen.loopnest import generate_loop_kernel
-from fusiontune.codegen.rules import LAYOUT_OPS
+from fusiontune.codegen.rules import LAYOUT_OPS, LOW_PRECISIONS, MATH_MODES, PRECISIONS
 from fusiontune.ir.graph import Graph
 from fusiontune.passes.fused_graph import FusedGraph, Group
 
@@ -43,13 +49,27 @@ def group_io(graph: Graph, node_names: Sequence[str], readers_outside: dict[str,
     return list(ins), outs
 
 
-def kernel_source(graph: Graph, node_names: Sequence[str], schedule: dict[str, int] | None = None) -> KernelSource:
+def kernel_source(graph: Graph, node_names: Sequence[str], schedule: Mapping[str, Any] | None = None) -> KernelSource:
     """Generate the kernel for a set of nodes of ``graph``.
+
+    ``schedule`` keys read here: ``row_block`` (contraction kernels), ``math`` (``libm`` or
+    ``approx``: transcendentals as vectorizable approximations, loop nests and contraction
+    epilogues) and ``precision`` (``float32``, ``float16`` or ``bfloat16``: low-precision emulation,
+    loop nests only). Layout kernels move data and ignore them.
 
     Raises:
         NotFusable: no template runs these nodes as one kernel.
+        ValueError: an unknown ``math`` or ``precision`` value.
     """
     schedule = schedule or {}
+    math_mode = schedule.get("math") or "libm"
+    precision = schedule.get("precision") or "float32"
+    if math_mode not in MATH_MODES:
+        raise ValueError(f"schedule math={math_mode!r}: expected one of {MATH_MODES}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"schedule precision={precision!r}: expected one of {PRECISIONS}")
+    approx = math_mode == "approx"
+    low_precision = precision if precision in LOW_PRECISIONS else None
     inputs, outputs = group_io(graph, node_names)
     if not outputs:
         raise NotFusable("the group produces nothing anyone reads")
@@ -61,11 +81,11 @@ def kernel_source(graph: Graph, node_names: Sequence[str], schedule: dict[str, i
         return generate_layout_kernel(node, dict(graph.values), KERNEL_NAME)
     low = lower_group(graph, node_names, outputs)
     if "MatMul" in ops:
-        return generate_contraction_kernel(low, inputs, outputs, KERNEL_NAME, int(schedule.get("row_block", 0)))
-    return generate_loop_kernel(low, inputs, outputs, KERNEL_NAME)
+        return generate_contraction_kernel(low, inputs, outputs, KERNEL_NAME, int(schedule.get("row_block", 0)), approx)
+    return generate_loop_kernel(low, inputs, outputs, KERNEL_NAME, approx, low_precision)
 
 
-def check_fusable(graph: Graph, node_names: Sequence[str], schedule: dict[str, int] | None = None) -> str | None:
+def check_fusable(graph: Graph, node_names: Sequence[str], schedule: Mapping[str, Any] | None = None) -> str | None:
     """None when the nodes make one kernel, else the reason they do not."""
     try:
         kernel_source(graph, node_names, schedule)

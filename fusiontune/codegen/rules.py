@@ -10,6 +10,12 @@ Every op has exactly one rule, found by :func:`rule_kind`:
 * ``layout``: a data-movement kernel of its own (codegen/layout.py).
 
 ``tests/codegen/test_op_rules.py`` walks the catalogue and fails when an op has no rule.
+
+Two schedule keys change what the scalar rules write (:func:`scalar_expr`, :func:`round_expr`):
+``math="approx"`` swaps the libm calls of Exp, Tanh, Erf, Sigmoid, Silu, SwiGlu and Gelu for the
+vectorizable approximations of codegen/numerics.py (``APPROX_RULES``): a libm call keeps the loop
+around it scalar, an inlined polynomial does not. ``precision="float16"|"bfloat16"`` has the
+loop-nest generator wrap values in the rounding functions of the same module.
 """
 
 from __future__ import annotations
@@ -52,12 +58,22 @@ def _cast(a: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str) -> str:
     return f"np.{to}({a[0]})"
 
 
-def _gelu(a: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str) -> str:
+def _gelu(a: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str, approx: bool = False) -> str:
     x = a[0]
     if attrs.get("approximate", "none") == "tanh":
         inner = f"{lit(0.7978845608028654)} * ({x} + {lit(0.044715)} * {x} * {x} * {x})"
-        return f"({lit(0.5)} * {x} * ({lit(1.0)} + np.tanh({inner})))"
-    return f"({lit(0.5)} * {x} * ({lit(1.0)} + math.erf({x} * {lit(0.7071067811865476)})))"
+        th = _f32_call("tanh_approx", inner, dtype) if approx else f"np.tanh({inner})"
+        return f"({lit(0.5)} * {x} * ({lit(1.0)} + {th}))"
+    arg = f"{x} * {lit(0.7071067811865476)}"
+    erf = _f32_call("erf_approx", arg, dtype) if approx else f"math.erf({arg})"
+    return f"({lit(0.5)} * {x} * ({lit(1.0)} + {erf}))"
+
+
+def _f32_call(fn: str, x: str, dtype: str) -> str:
+    """A call of a float32 function of codegen/numerics.py; a float64 kernel converts around it."""
+    if dtype == "float32":
+        return f"{fn}({x})"
+    return f"np.{dtype}({fn}(np.float32({x})))"
 
 
 SCALAR_RULES: dict[str, ScalarRule] = {
@@ -92,18 +108,76 @@ SCALAR_RULES: dict[str, ScalarRule] = {
     "Expand": lambda a, at, lit, dt: a[0],
 }
 
+# math="approx": the ops whose libm calls become calls of codegen/numerics.py. Each keeps the
+# structure of its libm rule (Silu stays x / (1 + exp(-x)), whose limits are right at +-inf).
+APPROX_RULES: dict[str, ScalarRule] = {
+    "Exp": lambda a, at, lit, dt: _f32_call("exp_approx", a[0], dt),
+    "Tanh": lambda a, at, lit, dt: _f32_call("tanh_approx", a[0], dt),
+    "Erf": lambda a, at, lit, dt: _f32_call("erf_approx", a[0], dt),
+    "Sigmoid": lambda a, at, lit, dt: _f32_call("sigmoid_approx", a[0], dt),
+    "Silu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + {_f32_call('exp_approx', f'-{a[0]}', dt)}))",
+    "SwiGlu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + {_f32_call('exp_approx', f'-{a[0]}', dt)}) * {a[1]})",
+    "Gelu": lambda a, at, lit, dt: _gelu(a, at, lit, dt, approx=True),
+}
+
+# The functions of codegen/numerics.py that generated code may call; a kernel that calls any of
+# them imports them (codegen/common.py: kernel_header).
+NUMERICS_FUNCTIONS = (
+    "exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx", "round_float16", "round_bfloat16", "fmaximum",
+)
+
+MATH_MODES = ("libm", "approx")
+"""Values of a group's ``schedule["math"]`` (absent means ``libm``)."""
+PRECISIONS = ("float32", "float16", "bfloat16")
+"""Values of ``schedule["precision"]`` (absent or ``float32`` means the graph's own dtypes)."""
+LOW_PRECISIONS = ("float16", "bfloat16")
+
+# Ops whose result is one of their (already rounded) operands, or its negation: exact in any
+# precision, so low-precision mode does not round them again.
+EXACT_OPS = frozenset({"Maximum", "Minimum", "Relu", "Neg", "Where", "Expand"})
+
+
+def scalar_expr(op: str, operands: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str, approx: bool = False) -> str:
+    """The expression computing ``op`` over operand locals; ``approx`` picks ``APPROX_RULES`` first."""
+    rule = APPROX_RULES.get(op) if approx else None
+    return (rule or SCALAR_RULES[op])(operands, attrs, lit, dtype)
+
+
+def round_expr(expr: str, precision: str | None, dtype: str) -> str:
+    """``expr`` rounded to ``precision`` (float16 / bfloat16) if it is a float32 or float64 value.
+
+    A float64 value is rounded through float32. The double rounding differs from rounding the
+    float64 directly (by one low-precision ulp) only for values within half a float32 ulp of a
+    low-precision tie.
+    """
+    if precision not in LOW_PRECISIONS or dtype not in ("float32", "float64"):
+        return expr
+    fn = "round_float16" if precision == "float16" else "round_bfloat16"
+    return _f32_call(fn, expr, dtype)
+
+
+def round_literal(value: float, precision: str | None, dtype: str) -> float:
+    """A scalar constant as a low-precision kernel holds it (through float32, as :func:`round_expr`)."""
+    if precision not in LOW_PRECISIONS or dtype not in ("float32", "float64") or np.isnan(value):
+        return value
+    with np.errstate(over="ignore"):
+        v32 = np.float32(value)
+        if precision == "float16":
+            return float(np.float16(v32))
+    bits = int(v32.view(np.uint32))  # bfloat16: round the upper half of the bits to nearest even
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return float(np.uint32(bits).view(np.float32))
+
+
 # Reductions: (initial value, update statements, finish expression). ``{flag}`` is a boolean
-# accumulator initialized False. The max keeps a select (which vectorizes) and a separate
-# "seen a NaN" flag, so that NaN propagates as in np.max without a NaN-aware maximum per element
-# (np.maximum in the loop kept it scalar: 3x slower).
+# accumulator initialized False (no rule uses one now). The max accumulates with numerics.py's
+# ``fmaximum`` (llvm.maximum), which propagates NaN as np.max does and vectorizes: a select
+# ``v if v > acc else acc`` plus a "seen a NaN" flag stayed scalar under this LLVM (5x slower on
+# a row max), np.maximum too.
 REDUCE_RULES: dict[str, tuple[float, tuple[str, ...], str]] = {
     "ReduceSum": (0.0, ("{acc} += {v}",), "{acc}"),
     "ReduceMean": (0.0, ("{acc} += {v}",), "{acc} * {inv_n}"),
-    "ReduceMax": (
-        -np.inf,
-        ("{acc} = {v} if {v} > {acc} else {acc}", "{flag} = {flag} | ({v} != {v})"),
-        "{acc} if not {flag} else {nan}",
-    ),
+    "ReduceMax": (-np.inf, ("{acc} = fmaximum({acc}, {v})",), "{acc}"),
 }
 
 LAYOUT_OPS = ("Reshape", "Transpose", "Concat", "Split", "Slice")

@@ -1,0 +1,318 @@
+"""Scalar numerics for generated kernels: vectorizable approximations and low-precision rounding.
+
+Two schedule keys of a fused group use these functions (codegen/rules.py writes the calls):
+
+* ``math="approx"``: exp, tanh, sigmoid and erf as polynomial / rational approximations. numba
+  from PyPI has no SVML, so ``np.exp`` / ``np.tanh`` / ``math.erf`` stay calls to libm and keep
+  every loop that makes them scalar. The functions below use only ``+ - * /``, selects, ``floor``
+  and a float <-> int bitcast, so once LLVM inlines them into a kernel's loop it vectorizes the
+  loop (8 or 16 lanes). Their worst errors, measured on dense grids against float64
+  (tests/codegen/test_numerics.py), are the ``*_MAX_*`` constants.
+* ``precision="float16"|"bfloat16"``: MindSpore's enable_low_precision, emulated bit-exactly in
+  float32. :func:`round_float16` and :func:`round_bfloat16` return the float32 holding exactly the
+  float16 / bfloat16 nearest to their argument (round to nearest even, subnormals, overflow to
+  inf, NaN kept); a loop-nest kernel rounds every value it loads, computes and stores.
+
+Why the functions carry their own fast-math flags: generated kernels are compiled with
+``fastmath={'reassoc', 'contract'}``, and reassociation would be free to rewrite ``(x + c) - c``
+(the float16 subnormal rounding) into ``x``, or to fold the two Cody-Waite steps of exp's range
+reduction into one. Each function here is compiled on its own, eagerly for float32, with no
+fast-math flag (the rounding) or only ``contract`` (the approximations: fused multiply-adds in
+the polynomials are faster and no less accurate). LLVM keeps per-instruction flags when it
+inlines a function into a kernel, so a kernel's ``reassoc`` never reaches these instructions; a
+test checks the results inside a reassoc kernel bit for bit against direct calls.
+
+Caching: numba's disk cache of a kernel does not look at the functions it calls, so a change
+here would leave stale machine code behind. :data:`NUMERICS_VERSION` hashes this file, and every
+kernel source that imports from it carries that hash in a comment (codegen/common.py), so the
+kernel cache key changes with this file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+NUMERICS_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+"""A short hash of this file's source; generated kernels that call into it quote it."""
+
+# Worst errors against float64, measured over EVERY float32 of the range named (the constants
+# leave 5-10% headroom; tests/codegen/test_numerics.py checks them on dense grids). Relative errors
+# are over normal float32 results; below FLT_MIN (exp(x) for x < -87.34) exp's absolute error is at
+# most one subnormal spacing, 2^-149. Measured on x86-64 with FMA, which 'contract' uses in the
+# polynomials; without FMA the errors differ (tanh reached 3.9e-7 on a sample).
+EXP_MAX_REL = 9.0e-8  # measured 8.46e-8 (at x = 26.6904), x in [-87.34, 88.72]
+TANH_MAX_ABS = 3.1e-7  # measured 2.92e-7 (at x = 5.12604), x in [-10, 10] (+-1 beyond)
+ERF_MAX_ABS = 4.7e-7  # measured 4.42e-7 (at x = 3.90084), x in [-6, 6] (+-1 beyond)
+SIGMOID_MAX_REL = 1.6e-7  # measured 1.48e-7 (at x = -16.6362), x in [-87.3, 88]
+
+APPROX_FUNCTIONS = ("exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx")
+ROUND_FUNCTIONS = ("round_float16", "round_bfloat16")
+
+
+# ---- bit casts -------------------------------------------------------------------------------
+@intrinsic
+def float_bits(typingctx, x):  # type: ignore[no-untyped-def]
+    """The bits of a float32 as an int32 (an LLVM bitcast: free, and vectorizable)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def bits_float(typingctx, b):  # type: ignore[no-untyped-def]
+    """The float32 whose bits are the int32 ``b`` (other integer types are truncated to 32 bits)."""
+    if not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def fmaximum(typingctx, a, b):  # type: ignore[no-untyped-def]
+    """IEEE 754-2019 maximum of two floats of one type (``llvm.maximum``): NaN if either is NaN.
+
+    ReduceMax accumulates with it (codegen/rules.py). LLVM vectorizes a reduction over
+    ``llvm.maximum`` without fast-math flags, while the compare-and-select ``v if v > acc else acc``
+    stays scalar unless the select carries ``nnan`` and ``nsz`` (numba puts flags on arithmetic
+    only): 5x faster on a 4 MiB row-max, and NaN propagates by itself.
+    """
+    if not isinstance(a, types.Float) or a != b:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        t = context.get_value_type(sig.args[0])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]), f"llvm.maximum.f{sig.args[0].bitwidth}")
+        return builder.call(fn, args)
+
+    return a(a, a), codegen
+
+
+# The fast-math flags of the approximations (fused multiply-adds only) and of the roundings (none):
+# see the module docstring.
+_APPROX_FASTMATH = {"contract"}
+_F32 = np.float32
+_I32 = np.int32
+
+# ---- exp -------------------------------------------------------------------------------------
+_EXP_HI = _F32(88.72283935546875)  # above: exp overflows float32 -> inf
+_EXP_LO = _F32(-104.0)  # below: exp(x) < 2^-150 rounds to 0
+_LOG2E = _F32(1.44269504088896341)
+_LN2_HI = _F32(0.693359375)  # Cody-Waite: n * _LN2_HI is exact for |n| < 2^11
+_LN2_LO = _F32(-2.12194440e-4)
+
+
+@numba.njit("float32(float32)", cache=True, nogil=True, error_model="numpy", fastmath=_APPROX_FASTMATH)
+def exp_approx(x):  # type: ignore[no-untyped-def]
+    """exp(x) for float32 (Cephes expf): relative error below :data:`EXP_MAX_REL`.
+
+    ``x = n ln2 + r`` with ``n = floor(x log2(e) + 1/2)`` and ``|r| <= ln2 / 2`` (two-constant
+    Cody-Waite reduction, so ``r`` keeps its low bits), ``exp(r)`` by a degree-6 polynomial, and
+    the scale ``2^n`` built from exponent bits in two halves (each a normal float for every ``n``
+    in [-150, 128], so results down to the subnormals come out right). x > 88.72 gives inf,
+    x < -104 gives 0 (so a softmax's ``-inf`` masks give exactly 0), NaN stays NaN.
+    Float64 kernels call it on float32 arguments: float32 accuracy.
+    """
+    xc = x if x < _EXP_HI else _EXP_HI
+    xc = xc if xc > _EXP_LO else _EXP_LO  # a NaN x becomes _EXP_LO here; the last select restores it
+    fn = np.floor(xc * _LOG2E + _F32(0.5))
+    r = xc - fn * _LN2_HI
+    r = r - fn * _LN2_LO
+    z = r * r
+    p = _F32(1.9875691500e-4)
+    p = p * r + _F32(1.3981999507e-3)
+    p = p * r + _F32(8.3334519073e-3)
+    p = p * r + _F32(4.1665795894e-2)
+    p = p * r + _F32(1.6666665459e-1)
+    p = p * r + _F32(5.0000001201e-1)
+    y = p * z + r + _F32(1.0)
+    n = np.int32(fn)
+    n1 = n >> 1
+    n2 = n - n1
+    y = y * bits_float((n1 + 127) << 23)
+    y = y * bits_float((n2 + 127) << 23)
+    y = y if x < _EXP_HI else np.float32(np.inf)
+    y = y if x > _EXP_LO else _F32(0.0)
+    return y if x == x else x
+
+
+# ---- tanh ------------------------------------------------------------------------------------
+# Eigen's clamp for FMA targets: the smallest x where the rational function (evaluated with fused
+# multiply-adds, as 'contract' gives here) reaches exactly 1, so tanh(+-inf) = +-1.
+_TANH_CLAMP = _F32(7.99881172180175781)
+_TANH_TINY = _F32(0.0004)  # below it tanh(x) = x in float32
+
+
+@numba.njit("float32(float32)", cache=True, nogil=True, error_model="numpy", fastmath=_APPROX_FASTMATH)
+def tanh_approx(x):  # type: ignore[no-untyped-def]
+    """tanh(x) for float32 (Eigen's generic_fast_tanh_float): absolute error below :data:`TANH_MAX_ABS`.
+
+    A 13/6-degree odd/even rational function on x clamped to about [-8, 8], where it reaches +-1;
+    ``tanh(x) = x`` for ``|x| < 0.0004``. NaN stays NaN.
+    """
+    c = x if x < _TANH_CLAMP else _TANH_CLAMP
+    c = c if c > -_TANH_CLAMP else -_TANH_CLAMP
+    x2 = c * c
+    p = _F32(-2.76076847742355e-16)
+    p = p * x2 + _F32(2.00018790482477e-13)
+    p = p * x2 + _F32(-8.60467152213735e-11)
+    p = p * x2 + _F32(5.12229709037114e-08)
+    p = p * x2 + _F32(1.48572235717979e-05)
+    p = p * x2 + _F32(6.37261928875436e-04)
+    p = p * x2 + _F32(4.89352455891786e-03)
+    p = p * c
+    q = _F32(1.19825839466702e-06)
+    q = q * x2 + _F32(1.18534705686654e-04)
+    q = q * x2 + _F32(2.26843463243900e-03)
+    q = q * x2 + _F32(4.89352518554385e-03)
+    y = p / q
+    # Without FMA (another rounding of the polynomials) the function may pass 1 just below the
+    # clamp, which was chosen for FMA: keep |tanh| <= 1 on any target.
+    y = y if y < _F32(1.0) else _F32(1.0)
+    y = y if y > _F32(-1.0) else _F32(-1.0)
+    ax = x if x >= _F32(0.0) else -x
+    y = x if ax < _TANH_TINY else y
+    return y if x == x else x
+
+
+# ---- sigmoid ---------------------------------------------------------------------------------
+@numba.njit("float32(float32)", cache=True, nogil=True, error_model="numpy", fastmath=_APPROX_FASTMATH)
+def sigmoid_approx(x):  # type: ignore[no-untyped-def]
+    """1 / (1 + exp(-x)) with :func:`exp_approx`: relative error below :data:`SIGMOID_MAX_REL`."""
+    return _F32(1.0) / (_F32(1.0) + exp_approx(-x))
+
+
+# ---- erf -------------------------------------------------------------------------------------
+_ERF_CLAMP = _F32(4.0)  # erf(+-4) rounds to +-1 in float32
+
+
+@numba.njit("float32(float32)", cache=True, nogil=True, error_model="numpy", fastmath=_APPROX_FASTMATH)
+def erf_approx(x):  # type: ignore[no-untyped-def]
+    """erf(x) for float32 (Eigen's 13/8-degree generic_fast_erf_float): absolute error below :data:`ERF_MAX_ABS`.
+
+    x is clamped to [-4, 4], outside of which erf rounds to +-1, and the result to [-1, 1].
+    NaN stays NaN.
+    """
+    c = x if x < _ERF_CLAMP else _ERF_CLAMP
+    c = c if c > -_ERF_CLAMP else -_ERF_CLAMP
+    x2 = c * c
+    p = _F32(-2.72614225801306e-10)
+    p = p * x2 + _F32(2.77068142495902e-08)
+    p = p * x2 + _F32(-2.10102402082508e-06)
+    p = p * x2 + _F32(-5.69250639462346e-05)
+    p = p * x2 + _F32(-7.34990630326855e-04)
+    p = p * x2 + _F32(-2.95459980854025e-03)
+    p = p * x2 + _F32(-1.60960333262415e-02)
+    p = p * c
+    q = _F32(-1.45660718464996e-05)
+    q = q * x2 + _F32(-2.13374055278905e-04)
+    q = q * x2 + _F32(-1.68282697438203e-03)
+    q = q * x2 + _F32(-7.37332916720468e-03)
+    q = q * x2 + _F32(-1.42647390514189e-02)
+    y = p / q
+    # Near the clamp the rational function passes 1 (by up to 4e-7): keep |erf| <= 1.
+    y = y if y < _F32(1.0) else _F32(1.0)
+    y = y if y > _F32(-1.0) else _F32(-1.0)
+    return y if x == x else x
+
+
+# ---- low precision ---------------------------------------------------------------------------
+_ABS = _I32(0x7FFFFFFF)
+_SIGN = _I32(-0x80000000)  # 0x80000000 as an int32
+_INF_BITS = _I32(0x7F800000)
+_F16_OVERFLOW = _I32(0x477FF000)  # 65520: the midpoint between float16's max 65504 and 2^16
+_F16_MIN_NORMAL = _I32(0x38800000)  # 2^-14
+_F16_KEEP = _I32(-0x2000)  # 0xFFFFE000: the sign, exponent and top 10 mantissa bits
+_F16_SUBNORMAL_SHIFTER = _F32(0.5)  # its float32 ulp is 2^-24, float16's subnormal spacing
+
+
+@numba.njit("float32(float32)", cache=True, nogil=True, error_model="numpy", fastmath=False)
+def round_float16(x):  # type: ignore[no-untyped-def]
+    """The float32 equal to ``x`` rounded to float16 (round to nearest even), bit-exact.
+
+    Normal float16 range: round the float32 bits to 10 mantissa bits (add ``0xFFF`` plus the
+    lowest kept bit, then mask: a carry into the exponent is the right answer). Subnormal range
+    (``|x| < 2^-14``): ``(|x| + 0.5) - 0.5`` rounds to a multiple of 2^-24 in the FPU's own
+    round-to-nearest-even (exact in strict float32, hence no fast-math flags here).
+    ``|x| >= 65520`` gives inf with the sign of x; NaN stays NaN; the sign of zero is kept.
+    """
+    b = float_bits(x)
+    a = np.int32(b & _ABS)
+    sign = np.int32(b & _SIGN)
+    # np.int32(...): numba widens int32 arithmetic to int64; truncating lets LLVM keep 32-bit lanes.
+    normal = np.int32((a + _I32(0x0FFF) + ((a >> 13) & _I32(1))) & _F16_KEEP)
+    ax = bits_float(a)
+    sub = float_bits((ax + _F16_SUBNORMAL_SHIFTER) - _F16_SUBNORMAL_SHIFTER)
+    r = normal if a >= _F16_MIN_NORMAL else sub
+    r = r if a < _F16_OVERFLOW else _INF_BITS
+    y = bits_float(np.int32(r | sign))
+    return y if x == x else x
+
+
+_BF16_KEEP = _I32(-0x10000)  # 0xFFFF0000
+_QUIET = _I32(0x00400000)
+
+
+@numba.njit("float32(float32)", cache=True, nogil=True, error_model="numpy", fastmath=False)
+def round_bfloat16(x):  # type: ignore[no-untyped-def]
+    """The float32 equal to ``x`` rounded to bfloat16 (round to nearest even), bit-exact.
+
+    bfloat16 is float32's upper half: round the bits to 16 (add ``0x7FFF`` plus the lowest kept
+    bit, then mask); overflow carries into inf by itself, subnormals need nothing special. A NaN
+    keeps its sign and upper payload with the quiet bit set, so it stays a NaN after truncation.
+    """
+    b = float_bits(x)
+    r = (b + _I32(0x7FFF) + ((b >> 16) & _I32(1))) & _BF16_KEEP
+    nan = (b | _QUIET) & _BF16_KEEP
+    return bits_float(r) if x == x else bits_float(nan)
+
+
+# ---- whole arrays, for tests and emulations ---------------------------------------------------
+# One loop per function, chosen by an index outside the loops: a dispatcher passed as an argument
+# would make numba's disk cache miss in every new process.
+@numba.njit("void(int64, float32[::1], float32[::1])", cache=True, nogil=True, error_model="numpy")
+def _map(which, x, out):  # type: ignore[no-untyped-def]
+    n = x.size
+    if which == 0:
+        for i in range(n):
+            out[i] = exp_approx(x[i])
+    elif which == 1:
+        for i in range(n):
+            out[i] = tanh_approx(x[i])
+    elif which == 2:
+        for i in range(n):
+            out[i] = sigmoid_approx(x[i])
+    elif which == 3:
+        for i in range(n):
+            out[i] = erf_approx(x[i])
+    elif which == 4:
+        for i in range(n):
+            out[i] = round_float16(x[i])
+    else:
+        for i in range(n):
+            out[i] = round_bfloat16(x[i])
+
+
+def apply(name: str, x: np.ndarray) -> np.ndarray:
+    """One of this module's scalar functions (by name) applied to every element of ``x``, as float32."""
+    names = APPROX_FUNCTIONS + ROUND_FUNCTIONS
+    if name not in names:
+        raise ValueError(f"no scalar function {name!r} in fusiontune.codegen.numerics ({', '.join(names)})")
+    arr = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(arr)
+    _map(names.index(name), arr.reshape(-1), out.reshape(-1))
+    return out
