@@ -368,7 +368,7 @@ def bisect(
             res.linear_scan_evaluations += culprit.total_applications
         current = apply_changes(current, culprit_changes, to_bad=False)
         names = ", ".join(c.describe() for c in culprit_changes)
-        safe = oracle.ask(current, f"safe: bad without {names}"[:60], "safe")
+        safe = oracle.ask(current, "bad without " + _names([c.describe() for c in culprit_changes]), "safe")
         res.safe_config, res.safe_error = current, safe.error
         if safe.verdict != FAIL:
             break
@@ -423,9 +423,22 @@ def _label_changes(subset: Sequence[Change], changes: Sequence[Change]) -> str:
     if len(subset) == len(changes):
         return "bad (every change)"
     if len(subset) <= len(changes) - len(subset):
-        return "good + " + ", ".join(c.describe() for c in subset)
-    rest = [c for c in changes if c not in subset]
-    return "bad - " + ", ".join(c.describe() for c in rest)
+        return "good + " + _names([c.describe() for c in subset])
+    return "bad - " + _names([c.describe() for c in changes if c not in subset])
+
+
+def _names(names: Sequence[str], width: int = 52) -> str:
+    """``A, B, C`` or, when that is too long, ``A, B (+3 more)``."""
+    text = ", ".join(names)
+    if len(text) <= width:
+        return text
+    shown: list[str] = []
+    for n in names:
+        if len(", ".join([*shown, n])) > width - 12:
+            break
+        shown.append(n)
+    shown = shown or [names[0]]
+    return ", ".join(shown) + f" (+{len(names) - len(shown)} more)"
 
 
 def _label_indices(indices: Sequence[int]) -> str:
