@@ -7,7 +7,7 @@ WORKLOAD ?= transformer_block
 
 SPACE ?= search_spaces/transformer_block.toml
 
-.PHONY: setup tune run test test-fast bench lint clean
+.PHONY: setup tune bisect run test test-fast bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ setup: $(STAMP)
 ## ranked table and the recommended fusion_switch.cfg under results/<study>/.
 tune: $(STAMP)
 	$(BIN)/fusiontune tune $(SPACE) --workers 2
+
+## Find the pass, then the fusion, that breaks transformer_block's accuracy bound.
+bisect: $(STAMP)
+	$(BIN)/fusiontune bisect $(SPACE)
 
 ## Fuse, compile and measure one workload with the default passes, against all-off.
 run: $(STAMP)
@@ -38,6 +42,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_samplers.py
+	$(BIN)/python benchmarks/bench_approx.py
 
 lint: $(STAMP)
 	$(BIN)/python -m pip install -q ruff mypy
