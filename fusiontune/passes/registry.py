@@ -47,7 +47,7 @@ def _p(
 ) -> PassInfo:
     if not exact:
         # `fusiontune passes` shows the summary: say up front what an inexact pass may cost.
-        summary = f"inexact, error ~{expected_error:.1e} rel: {summary}"
+        summary = f"inexact (declared error {expected_error:.1e}, see its doc): {summary}"
     return PassInfo(
         name=name,
         aliases=aliases,
