@@ -239,3 +239,12 @@ def test_result_survives_an_interruption_with_its_evaluations() -> None:
     with pytest.raises(KeyboardInterrupt):
         bisect(Interrupting(lambda c, d: c.enabled(culprit)), ALL_ON, GOOD, BOUND, log=_quiet, result=result)
     assert len(result.evaluations) == 4
+
+
+def test_the_bisection_logic_never_imports_numba() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, fusiontune.bisect; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
