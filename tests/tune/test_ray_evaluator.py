@@ -177,3 +177,17 @@ def test_ray_evaluator_unknown_workload_is_user_error(ray_cluster: Any) -> None:
 def test_ray_evaluator_unreachable_address_is_user_error() -> None:
     with pytest.raises(UserError, match="cannot reach the Ray cluster at 127.0.0.1:1"):
         RayEvaluator(CUSTOM_OP, {}, QUICK, workers=1, address="127.0.0.1:1")
+
+
+@pytest.mark.ray
+def test_bisection_through_ray_names_the_same_culprits_as_in_process(ray_cluster: Any) -> None:
+    from fusiontune.bisect import bisect, default_bad
+
+    sizes = {"batch": 1, "seq": 16, "hidden": 32, "heads": 2, "ffn": 64}
+    bad, good = default_bad(), FusionConfig.all_off()
+    local = bisect(LocalEvaluator(make_workload("transformer_block", **sizes), QUICK), bad, good, 5e-4, log=print)
+    with RayEvaluator("transformer_block", sizes, QUICK, workers=1) as evaluator:
+        remote = bisect(evaluator, bad, good, 5e-4, log=print)
+    assert [c.to_json() for c in remote.culprits] == [c.to_json() for c in local.culprits]
+    assert any(c.applications for c in remote.culprits)  # denied applications reached the actors
+    assert [e.error for e in remote.evaluations] == pytest.approx([e.error for e in local.evaluations])
