@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fusiontune.config.flags import render_flags
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.config.switch_file import dump_switch_json
 from fusiontune.errors import UserError
@@ -134,7 +135,8 @@ class Change:
 
     @property
     def is_pass(self) -> bool:
-        return self.name in BY_NAME
+        # Split points are "Pass.point"; pass names (the registry's, or a job's) have no dot.
+        return "." not in self.name
 
     def describe(self) -> str:
         if self.is_pass:
@@ -143,14 +145,14 @@ class Change:
 
 
 def changes_between(good: FusionConfig, bad: FusionConfig) -> list[Change]:
-    """Passes whose switch differs, then split points whose value differs, in registry order."""
+    """Passes whose switch differs, then split points whose value differs, in table order."""
     out = [Change(p, int(good.switches[p]), int(bad.switches[p])) for p in good.switches if good.switches[p] != bad.switches[p]]
     out += [
         Change(k, good.split_points[k], bad.split_points[k])
         for k in good.split_points
         if good.split_points[k] != bad.split_points[k]
     ]
-    order = {name: i for i, name in enumerate(BY_NAME)}
+    order = {p.name: i for i, p in enumerate(good.pass_rows())}  # the registry's, or the job's
     return sorted(out, key=lambda c: (not c.is_pass, order.get(c.name.split(".")[0], 0), c.name))
 
 
@@ -164,7 +166,7 @@ def apply_changes(base: FusionConfig, changes: Iterable[Change], to_bad: bool = 
             switches[c.name] = bool(value)
         else:
             points[c.name] = value
-    return FusionConfig.resolve(explicit=switches, split_points=points)
+    return base.with_values(switches, points)  # over base's table: the registry or a job's
 
 
 # ---- evaluations --------------------------------------------------------------------------------
@@ -455,7 +457,10 @@ def _num(x: float) -> float | None:
 
 
 def write_outputs(result: BisectResult, out_dir: str | Path, workload: str = "") -> list[Path]:
-    """``bisect.json``, ``bisect.md`` and (when found) ``safe_fusion_switch.cfg`` in ``out_dir``."""
+    """``bisect.json``, ``bisect.md`` and (when found) ``safe_fusion_switch.cfg`` in ``out_dir``.
+
+    For a command target's job, ``safe_graph_kernel_flags.txt`` too (the same for MindSpore).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "bisect.json", out / "bisect.md"]
@@ -465,6 +470,10 @@ def write_outputs(result: BisectResult, out_dir: str | Path, workload: str = "")
         cfg = out / "safe_fusion_switch.cfg"
         cfg.write_text(dump_switch_json(result.safe_config))
         paths.append(cfg)
+        if result.safe_config.is_job:  # a MindSpore job reads flags, not a cfg
+            flags = out / "safe_graph_kernel_flags.txt"
+            flags.write_text(render_flags(result.safe_config) + "\n")
+            paths.append(flags)
         if any(result.safe_config.split_points.values()):
             sidecar = out / "safe_best_config.json"
             sidecar.write_text(json.dumps(result.safe_config.to_json(), indent=2) + "\n")
@@ -493,7 +502,7 @@ def render_markdown(result: BisectResult, workload: str = "") -> str:
     if not result.culprits:
         lines.append("none found")
     for c in result.culprits:
-        info = BY_NAME.get(c.name)
+        info = None if result.bad.is_job else BY_NAME.get(c.name)  # a job's pass is the job's
         exact = "" if info is None else (" (exact pass)" if info.exact else f" (inexact: expected error {info.expected_error:g})")
         lines.append(f"### {c.name}{exact}")
         lines.append("")
@@ -534,17 +543,28 @@ def bisect_command(args: Any) -> int:
 
     space = load_space(args.space)
     metric = args.metric or space.metric
-    if metric not in METRICS:
+    if space.target is not None and metric != space.metric:
+        raise UserError(f"--metric {metric}: a command target bounds the error its job reports (metric {space.metric})")
+    if space.target is None and metric not in METRICS:
         raise UserError(f"--metric {metric}: unknown (known: {', '.join(METRICS)})")
     bound = space.bound if args.bound is None else args.bound
     if not (bound >= 0 and math.isfinite(bound)):
         raise UserError(f"--bound must be a finite number >= 0, got {bound}")
-    bad = load_config(args.bad) if args.bad else default_bad()
-    good = load_config(args.good) if args.good else FusionConfig.all_off()
     out_dir = Path("results") / (args.name or space.name)
-    evaluator, _workload = make_evaluator(args, space, args.workers)
+    if space.target is not None:
+        # The job's defaults (every listed pass on) against every switchable listed pass off.
+        passes = space.passes
+        bad = load_config(args.bad, passes=passes) if args.bad else FusionConfig.defaults(passes)
+        good = load_config(args.good, passes=passes) if args.good else FusionConfig.all_off(passes)
+        what, bad_label = f"the job `{space.target.describe()}`", "the job's defaults (every listed pass on)"
+        workload = f"command: {space.target.describe()}"
+    else:
+        bad = load_config(args.bad) if args.bad else default_bad()
+        good = load_config(args.good) if args.good else FusionConfig.all_off()
+        what, bad_label, workload = space.workload, "defaults + every inexact pass", space.workload
+    evaluator, _workload = make_evaluator(args, space, args.workers, base_dir=out_dir / "bisect")
     print(
-        f"bisect {space.workload}: {metric} <= {bound:g}; bad = {args.bad or 'defaults + every inexact pass'},"
+        f"bisect {what}: {metric} <= {bound:g}; bad = {args.bad or bad_label},"
         f" good = {args.good or 'every switchable pass off'}; {len(changes_between(good, bad))} passes differ"
     )
     result = BisectResult(metric, bound, bad, good, math.nan, math.nan)
@@ -552,16 +572,16 @@ def bisect_command(args: Any) -> int:
         bisect(evaluator, bad, good, bound, metric, result=result)
     except KeyboardInterrupt:
         result.status = "interrupted"
-        paths = write_outputs(result, out_dir, space.workload)
+        paths = write_outputs(result, out_dir, workload)
         print(f"interrupted: the {len(result.evaluations)} evaluations so far are in {paths[0]}")
         return 130
     except BisectError:
         result.status = "refused"
-        write_outputs(result, out_dir, space.workload)
+        write_outputs(result, out_dir, workload)
         raise
     finally:
         evaluator.close()
-    paths = write_outputs(result, out_dir, space.workload)
+    paths = write_outputs(result, out_dir, workload)
     print()
     for c in result.culprits:
         where = "; ".join(f"#{i}: {', '.join(nodes)}" for i, nodes in c.applications) or c.note

@@ -58,7 +58,13 @@ def resolve_config(config_file: Path | None, flags: str | None, splits: list[tup
             raise ConfigError(f"--split {name}: expected Pass.point (see `fusiontune passes`)")
         split_map[f"{info.name}.{point}"] = value
     if config_file is not None:
-        return load_config(config_file, split_map or None)
+        config = load_config(config_file, split_map or None)
+        if config.is_job:
+            raise ConfigError(
+                f"{config_file}: a configuration of a command target's job (its own passes);"
+                " `fusiontune run` needs one of fusiontune's passes (`fusiontune passes`)"
+            )
+        return config
     base = parse_flags(flags) if flags else FusionConfig.defaults()
     if not split_map:
         return base

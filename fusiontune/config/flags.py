@@ -151,7 +151,18 @@ def render_flags(config: FusionConfig) -> str:
         ``--enable_pass=...`` for passes on that are off by default and ``--disable_pass=...`` for
         passes off that are on by default, named by their MindSpore alias, in registry order;
         ``""`` for the registry defaults. ``parse_flags(render_flags(c))`` has c's switches.
+
+        A job configuration (a command target's) names every switchable pass of the job's table
+        by the name the table gives it: ``--enable_pass=`` those on, ``--disable_pass=`` those
+        off, whatever the job's own defaults are (an empty half is left out).
     """
+    if config.is_job:
+        rows = [p for p in config.pass_rows() if p.switchable]
+        on = [p.name for p in rows if config.switches[p.name]]
+        off = [p.name for p in rows if not config.switches[p.name]]
+        return " ".join(
+            f"{flag}={','.join(names)}" for flag, names in ((ENABLE, on), (DISABLE, off)) if names
+        )
     enable = [flag_name(p) for p in PASSES if config.switches[p.name] and not p.default]
     disable = [flag_name(p) for p in PASSES if not config.switches[p.name] and p.default]
     parts = []

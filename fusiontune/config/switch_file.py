@@ -13,20 +13,24 @@ section, then the named passes, whatever order they are written in. Non-switchab
 MindSpore aliases are accepted when reading; files are always written with CANN names. Split
 points never go into the cfg, which must stay loadable by CANN tools: they live in the
 ``best_config.json`` sidecar (:meth:`FusionConfig.to_json`), and :func:`load_config` reads either.
+
+Given a job's pass table (``passes``, a command target's :class:`JobPass` rows), a file is read
+against that table instead of the registry: the names are the job's, exactly as it spells them.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fusiontune.config.fusion_config import ConfigError, FusionConfig
+from fusiontune.config.fusion_config import ConfigError, FusionConfig, JobPass
 from fusiontune.errors import read_user_file
 from fusiontune.passes.base import KINDS, PassInfo
-from fusiontune.passes.registry import PASSES, closest, lookup
+from fusiontune.passes.registry import closest, lookup
 
 _ON_OFF = {"on": True, "off": False}
 _BEST_CONFIG_KEYS = frozenset(KINDS) | {"split_points"}
@@ -52,11 +56,14 @@ def read_text(path: str | os.PathLike[str]) -> str:
     return read_user_file(path, ConfigError)
 
 
-def load_switch_file(path: str | os.PathLike[str]) -> FusionConfig:
+def load_switch_file(
+    path: str | os.PathLike[str], passes: Sequence[JobPass] | None = None
+) -> FusionConfig:
     """Read a ``fusion_switch.cfg`` in either form (detected from its first character).
 
     Args:
         path: the cfg file.
+        passes: a job's pass table to read it against (None: the registry).
 
     Returns:
         The resolved configuration; split points at 0.
@@ -64,15 +71,18 @@ def load_switch_file(path: str | os.PathLike[str]) -> FusionConfig:
     Raises:
         ConfigError: one line naming the file and the key that is wrong.
     """
-    return loads_switch(read_text(path), str(path))
+    return loads_switch(read_text(path), str(path), passes)
 
 
-def loads_switch(text: str, source: str = "fusion_switch.cfg") -> FusionConfig:
+def loads_switch(
+    text: str, source: str = "fusion_switch.cfg", passes: Sequence[JobPass] | None = None
+) -> FusionConfig:
     """Parse the text of a ``fusion_switch.cfg``: JSON form if it starts with ``{``, else line form.
 
     Args:
         text: the file's content.
         source: the file name used in error messages.
+        passes: a job's pass table to read it against (None: the registry).
 
     Returns:
         The resolved configuration; split points at 0.
@@ -83,12 +93,14 @@ def loads_switch(text: str, source: str = "fusion_switch.cfg") -> FusionConfig:
             other than "on"/"off", an explicit off of a non-switchable pass, or conflicting entries.
     """
     if text.lstrip().startswith(("{", "[")):
-        return _from_json(decode_json(text, source), source)
-    return _from_lines(text, source)
+        return _from_json(decode_json(text, source), source, passes)
+    return _from_lines(text, source, passes)
 
 
 def load_config(
-    path: str | os.PathLike[str], splits: Mapping[str, int] | None = None
+    path: str | os.PathLike[str],
+    splits: Mapping[str, int] | None = None,
+    passes: Sequence[JobPass] | None = None,
 ) -> FusionConfig:
     """Read a ``fusion_switch.cfg`` (either form) or a ``best_config.json``, plus split points.
 
@@ -97,6 +109,8 @@ def load_config(
             (recognised by its top-level ``GraphFusion`` / ``UBFusion`` / ``split_points`` keys).
         splits: extra split points, ``"Pass.point" -> value``, that override the file's; the pass
             may be named by its MindSpore alias.
+        passes: a job's pass table: the file names the job's passes (a cfg, or a
+            ``best_config.json`` of a command target); None: the registry.
 
     Returns:
         The resolved configuration.
@@ -111,10 +125,14 @@ def load_config(
         keys = {k for k, _ in data} if isinstance(data, _Pairs) else set()
         if "Switch" not in keys and keys & _BEST_CONFIG_KEYS:
             config = FusionConfig.from_json(_plain(data), source)
+            if passes is not None and config.passes is None:
+                config = FusionConfig.resolve(
+                    explicit=dict(config.switches), source=source, passes=passes
+                )
         else:
-            config = _from_json(data, source)
+            config = _from_json(data, source, passes)
     else:
-        config = _from_lines(text, source)
+        config = _from_lines(text, source, passes)
     if not splits:
         return config
     merged = dict(config.split_points)
@@ -170,9 +188,13 @@ def _pass_hint(name: str) -> str:
 class _Switches:
     """ALL values and explicit entries as a file states them, checked as they arrive."""
 
-    def __init__(self, source: str, section_prefix: str) -> None:
+    def __init__(
+        self, source: str, section_prefix: str, passes: Sequence[JobPass] | None = None
+    ) -> None:
         self.source = source
         self.section_prefix = section_prefix
+        self.passes = None if passes is None else tuple(passes)
+        self.job = {p.name: p for p in self.passes or ()}
         self.all: dict[str, tuple[bool, str]] = {}
         self.explicit: dict[str, tuple[bool, str]] = {}
 
@@ -190,7 +212,13 @@ class _Switches:
     def set_pass(
         self, name: str, section: str | None, on: bool, key: str, label: str | None = None
     ) -> None:
-        info: PassInfo | None = lookup(name)
+        info: PassInfo | JobPass | None = lookup(name) if self.passes is None else self.job.get(name)
+        if info is None and self.passes is not None:
+            close = difflib.get_close_matches(name, list(self.job), n=3, cutoff=0.5)
+            raise ConfigError(
+                f"{self.source}: {key}: not a pass of the job's table (closest: "
+                f"{', '.join(close) or 'none'})"
+            )
         if info is None:
             raise ConfigError(
                 f"{self.source}: {key}: unknown pass (closest known: {_pass_hint(name)})"
@@ -215,10 +243,11 @@ class _Switches:
             all_switch={k: on for k, (on, _) in self.all.items()},
             explicit={k: on for k, (on, _) in self.explicit.items()},
             source=self.source,
+            passes=self.passes,
         )
 
 
-def _from_json(data: Any, source: str) -> FusionConfig:
+def _from_json(data: Any, source: str, passes: Sequence[JobPass] | None = None) -> FusionConfig:
     top = _object(data, "top level", source)
     keys = [k for k, _ in top]
     if "Switch" not in keys:
@@ -230,7 +259,7 @@ def _from_json(data: Any, source: str) -> FusionConfig:
     for k in keys:
         if k != "Switch":
             raise ConfigError(f'{source}: {k}: unknown key (the only top-level key is "Switch")')
-    switches = _Switches(source, "Switch.")
+    switches = _Switches(source, "Switch.", passes)
     for section, body in _object(dict(top)["Switch"], "Switch", source):
         key = f"Switch.{section}"
         if section not in KINDS:
@@ -246,8 +275,8 @@ def _from_json(data: Any, source: str) -> FusionConfig:
     return switches.resolve()
 
 
-def _from_lines(text: str, source: str) -> FusionConfig:
-    switches = _Switches(source, "")
+def _from_lines(text: str, source: str, passes: Sequence[JobPass] | None = None) -> FusionConfig:
+    switches = _Switches(source, "", passes)
     for lineno, raw_line in enumerate(text.splitlines(), 1):
         line = raw_line.split("#", 1)[0].strip()
         if not line:
@@ -277,13 +306,14 @@ def _sections(config: FusionConfig, minimal: bool) -> dict[str, dict[str, str]]:
     """Per kind: every switchable pass, or (minimal) ALL = the majority value plus exceptions.
 
     The minimal form always states ALL, so it means the same to a CANN tool whose own defaults
-    differ from this registry's.
+    differ from this registry's. A job configuration is always written in full: to the job,
+    ``"ALL"`` would also switch the many passes it has that the search space does not list.
     """
     out: dict[str, dict[str, str]] = {}
     for kind in KINDS:
-        passes = [p for p in PASSES if p.kind == kind and p.switchable]
+        passes = [p for p in config.pass_rows() if p.kind == kind and p.switchable]
         states = {p.name: config.switches[p.name] for p in passes}
-        if not minimal:
+        if not minimal or config.is_job:
             out[kind] = {name: "on" if on else "off" for name, on in states.items()}
             continue
         if not passes:

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from fusiontune.config.flags import render_flags
-from fusiontune.config.fusion_config import FusionConfig
+from fusiontune.config.fusion_config import FusionConfig, JobPass, job_table
 from fusiontune.config.fusion_result import write_fusion_result
 from fusiontune.config.switch_file import dump_switch_json
 from fusiontune.errors import UserError
@@ -36,6 +36,7 @@ from fusiontune.report.tables import (
     SWITCH_COLUMNS,
     accuracy_attribution,
     baseline_trial,
+    command_target,
     default_storage,
     fmt_number,
     fmt_seconds,
@@ -94,6 +95,26 @@ def _trial_config(trial: Any) -> FusionConfig:
     )
 
 
+def _job_table(study: Any) -> tuple[JobPass, ...] | None:
+    """The job's pass table of a command target's study (its ``target`` attr), else None."""
+    target = command_target(study)
+    if target is None:
+        return None
+    passes = dict(target.get("passes") or {})
+    fixed = set(passes.get("not_switchable") or ())
+    return job_table(
+        JobPass(n, kind, n not in fixed) for kind in ("GraphFusion", "UBFusion") for n in passes.get(kind) or ()
+    )
+
+
+def _kind(name: str, config: FusionConfig | None) -> str:
+    """The section a pass's statistics go in: from the configuration's table, else the registry's."""
+    for p in config.pass_rows() if config is not None else ():
+        if p.name == name:
+            return str(p.kind)
+    return BY_NAME[name].kind if name in BY_NAME else GRAPH_FUSION
+
+
 def _trial_result(trial: Any) -> EvalResult | None:
     data = trial.user_attrs.get("result")
     return EvalResult.from_json(data) if data else None
@@ -119,7 +140,7 @@ def choose_recommendation(study: Any, frame: pd.DataFrame) -> Recommendation:
         recorded = conf.get("defaults_trial")
         number = int(recorded) if recorded is not None else baseline_trial(frame, DEFAULTS)
         if number is None:
-            return Recommendation(None, reason, FusionConfig.defaults(), None)
+            return Recommendation(None, reason, FusionConfig.defaults(_job_table(study)), None)
     elif not (best := ranked(frame)).empty:
         number, reason = int(best["number"].iloc[0]), NOT_CONFIRMED
     else:
@@ -146,13 +167,7 @@ def _write_recommendation(rec: Recommendation, out: Path) -> list[Path]:
     paths[2].write_text(json.dumps(rec.config.to_json(), indent=4) + "\n", encoding="utf-8")
     if rec.result is not None and rec.result.fusion:
         stats = tuple(
-            PatternStat(
-                name,
-                BY_NAME[name].kind if name in BY_NAME else GRAPH_FUSION,
-                name.removesuffix("Pass"),
-                m,
-                e,
-            )
+            PatternStat(name, _kind(name, rec.config), name.removesuffix("Pass"), m, e)
             for name, (m, e) in rec.result.fusion.items()
         )
         report = FusionReport(stats, (), tuple(rec.result.fusion))
@@ -167,11 +182,24 @@ def _summary(study: Any, frame: pd.DataFrame) -> list[Block]:
     states = frame["state"].value_counts()
     counts = ", ".join(f"{int(n)} {s.lower()}" for s, n in states.items())
     reused = int(frame["reused_from"].notna().sum())
+    target = command_target(study)
+    if target is None:
+        what = f"Workload: `{attrs.get('workload', '?')}`" + (f" ({sizes})" if sizes else "") + "."
+        against = "against the float64 reference"
+    else:
+        command = target.get("command")
+        shown = command if isinstance(command, str) else " ".join(map(str, command or ()))
+        what = (
+            f"Target: your job, `{shown}` (working directory `{target.get('workdir', '.')}`,"
+            f" timeout {target.get('timeout_s', '?')} s, {target.get('repeats', 1)} run(s) per"
+            " configuration: the runtime is their median, the error their maximum)."
+        )
+        against = "as the job reports it"
     blocks: list[Block] = [
-        ("p", f"Workload: `{attrs.get('workload', '?')}`" + (f" ({sizes})" if sizes else "") + "."),
+        ("p", what),
         (
             "p",
-            f"Accuracy bound: `{attrs.get('metric', '?')} <= {attrs.get('bound', '?')}` against the float64 reference.",
+            f"Accuracy bound: `{attrs.get('metric', '?')} <= {attrs.get('bound', '?')}` {against}.",
         ),
         (
             "p",
@@ -240,9 +268,11 @@ def _document(
                 "p",
                 f"Trial {rec.trial if rec.trial is not None else '-'}: `fusion_switch.cfg`, "
                 f"`graph_kernel_flags.txt` (`{render_flags(rec.config) or 'the defaults: no flags'}`), "
-                "`best_config.json` (with the split points), `fusion_result.json`.",
+                "`best_config.json`" + ("" if rec.config.is_job else " (with the split points)")
+                + ", `fusion_result.json`.",
             )
         )
+    doc += _fusion_stats(rec)
     doc += [("h2", "Confirmation"), *_confirmation(study, frame)]
     headers, rows = top_rows(frame, 10)
     doc.append(("h2", "Top 10 feasible configurations"))
@@ -278,7 +308,8 @@ def _document(
                 ],
             )
         )
-    doc += _attribution(frame, effect, searched, str(study.user_attrs.get("metric", "error")))
+    if command_target(study) is None:  # a job's passes are the job's: fusiontune knows none inexact
+        doc += _attribution(frame, effect, searched, str(study.user_attrs.get("metric", "error")))
     doc.append(("h2", "Parameter importance (median runtime)"))
     if importance is None:
         doc.append(("p", method))
@@ -313,6 +344,25 @@ def _document(
         ]
     if study.user_attrs.get("space_toml"):
         doc += [("h2", "Search space"), ("pre", str(study.user_attrs["space_toml"]).rstrip())]
+    return doc
+
+
+def _fusion_stats(rec: Recommendation) -> list[Block]:
+    """Per pass, how often it matched and how often it applied in the recommended configuration."""
+    if rec.config is None:
+        return []
+    doc: list[Block] = [("h2", "Fusion statistics of the recommended configuration")]
+    fusion = rec.result.fusion if rec.result is not None else {}
+    if not fusion:
+        doc.append(("p", "The recommended trial reported no fusion statistics."))
+        return doc
+    source = rec.result.extra.get("fusion_source") if rec.result is not None else None
+    where = " (from the job's log lines)" if source == "log lines" else f" (from `{source}`)" if source else ""
+    doc.append(("p", f"CANN's `matched_times` / `effected_times` per pass{where}, as in `fusion_result.json`."))
+    rows = [
+        [name, _kind(name, rec.config), str(m), str(e)] for name, (m, e) in fusion.items()
+    ]
+    doc.append(("table", ["pass", "kind", "matched_times", "effected_times"], rows))
     return doc
 
 

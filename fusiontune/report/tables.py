@@ -6,6 +6,10 @@ The storage schema is the one the tuning loop writes (DESIGN.md section 8): para
 ``constraints``; user attrs ``result`` (``EvalResult.to_json()``), ``config``
 (``FusionConfig.to_json()``), ``program_hash``, ``reused_from`` and ``role`` ("defaults" /
 "all_off"). Nothing here measures anything.
+
+A study of a command target (the study attr ``target``, the user's own job) has one ``pass.*``
+column per switchable pass of the job's table and no ``split.*`` columns; its bounded metric is
+the ``error`` the job reported.
 """
 
 from __future__ import annotations
@@ -119,16 +123,44 @@ def load_study_frame(storage_url: str, study_name: str | None) -> pd.DataFrame:
     return study_frame(open_study(storage_url, study_name))
 
 
+def command_target(study: Any) -> dict[str, Any] | None:
+    """The study's command target record (``CommandTarget.to_json()``), None for a built-in workload."""
+    target = study.user_attrs.get("target")
+    return target if isinstance(target, dict) else None
+
+
+def param_columns(study: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ``pass.*`` and ``split.*`` columns of the study's table.
+
+    The registry's for a built-in workload; for a command target, the switchable passes of the
+    job's table (from the study attr ``target``) and no split points.
+    """
+    target = command_target(study)
+    if target is None:
+        return SWITCH_COLUMNS, SPLIT_COLUMNS
+    passes = dict(target.get("passes") or {})
+    fixed = set(passes.get("not_switchable") or ())
+    names = [n for kind in ("GraphFusion", "UBFusion") for n in passes.get(kind) or () if n not in fixed]
+    return tuple(f"pass.{n}" for n in names), ()
+
+
 def study_frame(study: Any) -> pd.DataFrame:
     """The table of :func:`load_study_frame` for an already loaded ``optuna.Study``."""
     attrs = study.user_attrs
     metric = str(attrs.get("metric", "max_rel"))
     bound = _float(attrs.get("bound"))
-    rows = [_trial_row(t, metric, bound) for t in study.get_trials(deepcopy=False)]
-    columns = [*_LEAD, *SWITCH_COLUMNS, *SPLIT_COLUMNS, *_MEASURED, *_TAIL]
+    switch_cols, split_cols = param_columns(study)
+    command = command_target(study) is not None  # the job's own numbers: no kernels, one error
+    rows = [
+        _trial_row(t, metric, bound, switch_cols, split_cols, command)
+        for t in study.get_trials(deepcopy=False)
+    ]
+    metrics = () if command else METRICS
+    measured = [c for c in _MEASURED if c in ("median_s", "iqr_s", "cv", "min_s") or c not in METRICS or c in metrics]
+    columns = [*_LEAD, *switch_cols, *split_cols, *measured, *_TAIL]
     frame = pd.DataFrame(rows, columns=columns).sort_values("number", kind="stable")
     frame = frame.reset_index(drop=True)
-    for col in SPLIT_COLUMNS + ("reused_from", "kernels"):
+    for col in split_cols + ("reused_from", "kernels"):
         frame[col] = frame[col].astype("Int64")
     frame["feasible"] = frame["feasible"].astype(bool)
     for role, col in ((DEFAULTS, "speedup_vs_defaults"), (ALL_OFF, "speedup_vs_all_off")):
@@ -149,7 +181,14 @@ def _finite_or_nan(value: Any) -> float:
     return v if math.isfinite(v) else math.nan
 
 
-def _trial_row(trial: Any, metric: str, bound: float) -> dict[str, Any]:
+def _trial_row(
+    trial: Any,
+    metric: str,
+    bound: float,
+    switch_cols: Sequence[str] = SWITCH_COLUMNS,
+    split_cols: Sequence[str] = SPLIT_COLUMNS,
+    command: bool = False,
+) -> dict[str, Any]:
     ua = trial.user_attrs
     result: Mapping[str, Any] = ua.get("result") or {}
     ok = result.get("status") == "ok"
@@ -166,16 +205,17 @@ def _trial_row(trial: Any, metric: str, bound: float) -> dict[str, Any]:
         for name, value in dict(config.get(kind, {})).items()
     }
     points = dict(config.get("split_points", {}))
-    for col in SWITCH_COLUMNS:
+    for col in switch_cols:
         name = col.removeprefix("pass.")
         row[col] = trial.params.get(col, switches.get(name))
-    for col in SPLIT_COLUMNS:
+    for col in split_cols:
         value = trial.params.get(col, points.get(col.removeprefix("split.")))
         row[col] = None if value is None else int(value)
     errors: Mapping[str, Any] = result.get("errors") or {}
     for name in METRICS:
         row[name] = _float(errors[name]) if ok and name in errors else math.nan
-    row["error"] = row.get(metric, math.nan)
+    # The bounded metric: one of METRICS, or a command target's "error".
+    row["error"] = _float(errors[metric]) if ok and metric in errors else math.nan
     for name in ("median_s", "iqr_s", "cv", "min_s"):
         row[name] = _finite_or_nan(result.get(name)) if ok else math.nan
     constraints = trial.system_attrs.get(CONSTRAINTS_KEY)
@@ -193,7 +233,7 @@ def _trial_row(trial: Any, metric: str, bound: float) -> dict[str, Any]:
     row.update(
         program_hash=ua.get("program_hash", result.get("program_hash", "")),
         reused_from=None if reused is None else int(reused),
-        kernels=int(result["kernels"]) if ok and "kernels" in result else None,
+        kernels=int(result["kernels"]) if ok and "kernels" in result and not command else None,
         compile_s=_float(result.get("compile_s")) if result else math.nan,
         node=result.get("node", ""),
         config_key=result.get("config_key", ""),
@@ -254,9 +294,10 @@ def pareto_front(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def searched_params(study: Any) -> list[str]:
-    """The ``pass.*`` and ``split.*`` parameters the study searched, in registry order."""
+    """The ``pass.*`` and ``split.*`` parameters the study searched, in table order."""
     names = {name for t in study.get_trials(deepcopy=False) for name in t.params}
-    return [c for c in (*SWITCH_COLUMNS, *SPLIT_COLUMNS) if c in names]
+    switch_cols, split_cols = param_columns(study)
+    return [c for c in (*switch_cols, *split_cols) if c in names]
 
 
 def pass_effect(frame: pd.DataFrame, searched: Sequence[str] | None = None) -> pd.DataFrame:
@@ -276,7 +317,7 @@ def pass_effect(frame: pd.DataFrame, searched: Sequence[str] | None = None) -> p
     """
     measured = frame[frame["speedup_vs_defaults"].notna()]
     rows = []
-    for col in SWITCH_COLUMNS:
+    for col in [c for c in frame.columns if c.startswith("pass.")]:
         if searched is not None and col not in searched:
             continue
         on = measured.loc[measured[col] == "on", "speedup_vs_defaults"]

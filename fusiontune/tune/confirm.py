@@ -8,6 +8,9 @@ so that drift and interference hit all of them alike. Each gets the median of it
 95% confidence interval of that median (distribution-free: order statistics of the binomial).
 A winner is named only when its interval lies entirely below the defaults' interval; otherwise
 the defaults are recommended.
+
+For a command target (the user's own job), :mod:`fusiontune.tune.command_confirm` does the same
+by running the job again.
 """
 
 from __future__ import annotations
@@ -297,7 +300,21 @@ def confirm(
     winner, distinguishable, note = decide(rows, defaults_trial)
     if dropped:
         note += f"; could not be rebuilt here: {', '.join(dropped)}"
-    record = {
+    record = confirmation_record(rows, defaults_trial, winner, distinguishable, note)
+    study.set_user_attr("confirmation", record)
+    echo(format_confirmation(record))
+    return record
+
+
+def confirmation_record(
+    rows: Sequence[ConfirmedRow],
+    defaults_trial: int | None,
+    winner: int | None,
+    distinguishable: bool,
+    note: str,
+) -> dict[str, Any]:
+    """The ``confirmation`` study attr."""
+    return {
         "rows": [
             {
                 "trial": r.candidate.trial,
@@ -317,9 +334,6 @@ def confirm(
         "distinguishable": distinguishable,
         "note": note,
     }
-    study.set_user_attr("confirmation", record)
-    echo(format_confirmation(record))
-    return record
 
 
 def format_confirmation(record: Mapping[str, Any]) -> str:
@@ -333,7 +347,7 @@ def format_confirmation(record: Mapping[str, Any]) -> str:
     ]
     cells = (
         f"{'trial':>5}",
-        f"{'':9}",
+        f"{'':15}",
         f"{'median':>10}",
         f"{'95% CI':>23}",
         "vs defaults",
@@ -351,7 +365,7 @@ def format_confirmation(record: Mapping[str, Any]) -> str:
         median = format_seconds(r["median_s"])
         cells = (
             f"{r['trial']:>5}",
-            f"{tag:9}",
+            f"{tag:15}",
             f"{median:>10}",
             f"{ci:>23}",
             f"{speed:>11}",

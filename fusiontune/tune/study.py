@@ -17,7 +17,9 @@ The storage schema, which ``fusiontune.report`` reads back:
   this one reused), ``role`` (``defaults`` / ``all_off``), ``interrupted`` (why a trial in
   flight was failed);
 - study user attrs ``space_path``, ``space_toml``, ``workload``, ``sizes``, ``metric``,
-  ``bound``, ``sampler``, ``machine``, and ``confirmation`` (:mod:`fusiontune.tune.confirm`).
+  ``bound``, ``sampler``, ``machine``, ``target`` (a command target's
+  ``CommandTarget.to_json()``, absent for a built-in workload), and ``confirmation``
+  (:mod:`fusiontune.tune.confirm`).
 
 The budget is the number of finished trials in the study, so the same command run again
 continues the study up to the requested total. SIGINT / SIGTERM stop the loop once the batch in
@@ -139,7 +141,8 @@ def run_tune(
         seed: the sampler seed; the space's seed when None.
         batch_size: trials per batch; the evaluator's ``workers`` (1 when it has none).
         progress: show a progress bar (only on a terminal).
-        graph: the workload graph for program hashes; built from the space when None.
+        graph: the workload graph for program hashes; built from the space when None (a
+            command target has none: a configuration's key stands for its program).
         stop_when: called with every trial told; when it returns True the loop stops after
             the batch in flight (``stopped_reason`` "stop_when"), e.g. once a target is reached.
 
@@ -164,7 +167,7 @@ def run_tune(
     )
     _check_compatible(study, space, storage_url, sampler_name, choice.objectives)
     _record_study_attrs(study, space, sampler_name)
-    if graph is None:
+    if graph is None and space.target is None:
         graph = make_workload(space.workload, **dict(space.sizes)).graph
     batch = batch_size or int(getattr(evaluator, "workers", 0) or 1)
     sweep = _Sweep(study, space, evaluator, choice, graph, sampler_name == "grid", stop_when)
@@ -223,6 +226,8 @@ def _record_study_attrs(study: optuna.Study, space: SearchSpace, sampler: str) -
         "sampler": sampler,
         "machine": machine_info(),
     }
+    if space.target is not None:
+        attrs["target"] = space.target.to_json()
     for key, value in attrs.items():
         study.set_user_attr(key, value)
 
@@ -251,7 +256,7 @@ class _Sweep:
         space: SearchSpace,
         evaluator: Evaluator,
         choice: SamplerChoice,
-        graph: Graph,
+        graph: Graph | None,
         is_grid: bool,
         stop_when: Callable[[FrozenTrial], bool] | None = None,
     ) -> None:
@@ -341,7 +346,8 @@ class _Sweep:
             return _Asked(trial, None, "", f"parameters do not resolve: {e}")
         trial.set_user_attr("config", config.to_json())
         try:
-            phash = program_hash(self.graph, config)
+            # A command target's program is the job's business: the same switches, the same job.
+            phash = config.key() if self.graph is None else program_hash(self.graph, config)
         except Exception:  # the evaluator will report the same failure with its message
             phash = ""
         trial.set_user_attr("program_hash", phash)

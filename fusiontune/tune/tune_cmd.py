@@ -2,7 +2,8 @@
 
 The command loads and validates the space, opens the study's storage (before any worker starts,
 so a bad URL costs nothing), picks the evaluator (``--workers 0``: in process; otherwise Ray
-actors; ``--replay``: a recorded study), runs the optuna loop, measures the top k again against
+actors; ``--replay``: a recorded study; a command target: the user's job, in
+``results/<study>/trials/<n>/``, on Ray workers' nodes with ``--workers K``), runs the optuna loop, measures the top k again against
 the defaults, rebuilds the report from the database, and prints the ranked top 10, every path it
 wrote, and the peak resident memory of the whole run.
 """
@@ -57,7 +58,7 @@ def tune_command(args: argparse.Namespace) -> int:
     seed = space.seed if args.seed is None else args.seed
     make_sampler(args.sampler or space.sampler, space, seed, n_trials, trial_constraint)
     open_storage(storage_url)
-    evaluator, workload = make_evaluator(args, space, workers)
+    evaluator, workload = make_evaluator(args, space, workers, base_dir=results_dir / "trials")
     started = time.perf_counter()
     try:
         result = run_tune(
@@ -94,7 +95,7 @@ def tune_command(args: argparse.Namespace) -> int:
         elif args.replay:
             print("confirmation skipped: replayed results are not measurements")
         else:
-            _confirm(space, storage_url, study_name, workload, top_k)
+            _confirm(space, storage_url, study_name, workload, top_k, results_dir)
         paths = _report(results_dir, storage_url, study_name)
     except KeyboardInterrupt:
         print(
@@ -114,11 +115,16 @@ def tune_command(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if interrupted else 0
 
 
-def make_evaluator(args: argparse.Namespace, space: Any, workers: int) -> tuple[Any, Any]:
+def make_evaluator(
+    args: argparse.Namespace, space: Any, workers: int, base_dir: str | Path | None = None
+) -> tuple[Any, Any]:
     """The evaluator for this run, and the workload when it was loaded here.
 
     ``args.replay``: a recorded study (``study.db`` or a storage URL), or a ``bisect.json`` whose
-    evaluations are answered again; ``workers == 0``: in process; otherwise Ray actors.
+    evaluations are answered again; ``workers == 0``: in process; otherwise Ray actors. A
+    command target runs the user's job (:class:`CommandEvaluator`, or with workers Ray tasks on
+    the workers' nodes), each request in ``base_dir/<trial>/`` (default
+    ``results/<space name>/trials``).
     """
     from fusiontune.measure import MeasureConfig
     from fusiontune.tune.evaluator import LocalEvaluator
@@ -133,6 +139,8 @@ def make_evaluator(args: argparse.Namespace, space: Any, workers: int) -> tuple[
         if path.endswith(".json"):
             return ReplayEvaluator.from_bisect(path), None
         return ReplayEvaluator.from_study(path), None
+    if space.target is not None:
+        return _command_evaluator(args, space, workers, base_dir), None
     if workers == 0:
         workload = make_workload(space.workload, **dict(space.sizes))
         measure: MeasureConfig = space.measure
@@ -156,13 +164,39 @@ def make_evaluator(args: argparse.Namespace, space: Any, workers: int) -> tuple[
     return evaluator, None
 
 
-def _confirm(space: Any, storage_url: str, study_name: str, workload: Any, top_k: int) -> None:
+def _command_evaluator(
+    args: argparse.Namespace, space: Any, workers: int, base_dir: str | Path | None
+) -> Any:
+    from fusiontune.tune.command import CommandEvaluator
+
+    base = Path(base_dir) if base_dir is not None else Path("results") / space.name / "trials"
+    if workers == 0:
+        return CommandEvaluator(space.target, base)
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UserError(
+            f"--workers {workers} needs Ray: pip install 'ray>=2.30', or use --workers 0"
+        ) from None
+    from fusiontune.tune.ray_command import RayCommandEvaluator
+
+    return RayCommandEvaluator(space.target, base, workers, address=args.ray_address)
+
+
+def _confirm(
+    space: Any, storage_url: str, study_name: str, workload: Any, top_k: int, results_dir: Path
+) -> None:
     import optuna
 
     from fusiontune.tune.confirm import confirm
     from fusiontune.workloads import make_workload
 
     study = optuna.load_study(study_name=study_name, storage=storage_url)
+    if space.target is not None:  # the user's job: run it again, here
+        from fusiontune.tune.command_confirm import confirm_command
+
+        confirm_command(study, space, results_dir / "confirm", top_k=top_k)
+        return
     if workload is None:
         workload = make_workload(space.workload, **dict(space.sizes))
     confirm(study, workload, space, top_k=top_k)

@@ -9,6 +9,11 @@ The search dimensions use the storage names of the optuna study: ``pass.<Pass>``
 each searched pass and ``split.<Pass>.<point>`` (int) for each split point with more than one
 value. :func:`config_from_params` turns a trial's parameters into a :class:`FusionConfig`, and
 :func:`params_from_config` projects a configuration back (the enqueued baselines).
+
+A space with a ``[target]`` table (``kind = "command"``) tunes the user's own job instead of a
+built-in workload (:mod:`fusiontune.workloads.target`): its ``[passes]`` list the job's passes by
+kind, its configurations resolve against that table (``FusionConfig.passes``), and the bounded
+metric is the ``error`` the job reports.
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from fusiontune.config.fusion_config import FusionConfig
+from fusiontune.config.fusion_config import FusionConfig, JobPass
 from fusiontune.errors import UserError, read_user_file
 from fusiontune.measure import METRICS, MeasureConfig
 from fusiontune.passes.base import PassInfo, SplitPoint
 from fusiontune.passes.registry import PASSES, closest, lookup
 from fusiontune.workloads.builtin import WORKLOADS
+from fusiontune.workloads.target import CommandTarget, load_job_passes, load_target
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -46,8 +52,10 @@ _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_SECTIONS = ("name", "workload", "passes", "split_points", "accuracy", "measure", "search")
+_SECTIONS = ("name", "workload", "target", "passes", "split_points", "accuracy", "measure", "search")
 _SEARCH_KEYS = ("sampler", "trials", "timeout", "seed", "top_k", "workers", "trial_timeout")
+COMMAND_METRIC = "error"
+"""The bounded metric of a command target: the error the job reports."""
 
 
 class SpaceError(UserError, ValueError):
@@ -77,6 +85,9 @@ class SearchSpace:
         top_k: how many configurations the confirmation stage measures again.
         workers: default number of Ray workers (0: in process).
         trial_timeout_s: a trial running longer than this fails.
+        target: the user's job when the space tunes one (``[target] kind = "command"``); then
+            ``workload`` is empty, ``searched`` and ``fixed`` name the job's passes, there are no
+            split points, and ``metric`` is ``"error"``. None: the built-in ``workload``.
     """
 
     path: str
@@ -96,6 +107,12 @@ class SearchSpace:
     top_k: int = 5
     workers: int = 2
     trial_timeout_s: float = 300.0
+    target: CommandTarget | None = None
+
+    @property
+    def passes(self) -> tuple[JobPass, ...] | None:
+        """The job's pass table of a command target; None for a built-in workload."""
+        return self.target.passes if self.target is not None else None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "searched", tuple(self.searched))
@@ -260,7 +277,9 @@ def config_from_params(space: SearchSpace, params: Mapping[str, object]) -> Fusi
     missing = [name for name in dims if name not in params]
     if missing:
         raise SpaceError(f"{space.path}: params: missing {', '.join(missing)}")
-    return FusionConfig.resolve(explicit=explicit, split_points=splits, source=space.path)
+    return FusionConfig.resolve(
+        explicit=explicit, split_points=splits, source=space.path, passes=space.passes
+    )
 
 
 def params_from_config(space: SearchSpace, config: FusionConfig) -> dict[str, object]:
@@ -309,8 +328,8 @@ def baseline_params(space: SearchSpace) -> dict[str, dict[str, object]]:
     not search keep their fixed or default value in all of them.
     """
     out = {
-        "defaults": params_from_config(space, FusionConfig.defaults()),
-        "all_off": params_from_config(space, FusionConfig.all_off()),
+        "defaults": params_from_config(space, FusionConfig.defaults(space.passes)),
+        "all_off": params_from_config(space, FusionConfig.all_off(space.passes)),
     }
     for name in inexact_searched(space):
         out[ONLY_ROLE + name] = params_from_config(space, FusionConfig.defaults().with_switches(**{name: True}))
@@ -318,7 +337,12 @@ def baseline_params(space: SearchSpace) -> dict[str, dict[str, object]]:
 
 
 def inexact_searched(space: SearchSpace) -> list[str]:
-    """The inexact passes (``exact = false``) whose switch the space searches, in registry order."""
+    """The inexact passes (``exact = false``) whose switch the space searches, in registry order.
+
+    A command target's passes are the job's, which fusiontune knows nothing about: none.
+    """
+    if space.target is not None:
+        return []
     return [p.name for p in PASSES if not p.exact and p.name in space.searched]
 
 
@@ -431,8 +455,14 @@ class _Loader:
             self.fail(
                 "name", f"expected a study name of letters, digits, '_', '.', '-', got {name!r}"
             )
+        if "target" in data:
+            return self.command_space(data, name)
         if "workload" not in data:
-            self.fail("workload", 'missing: add [workload] with name = "<a built-in workload>"')
+            self.fail(
+                "workload",
+                'missing: add [workload] with name = "<a built-in workload>", or a [target] to'
+                " tune your own job",
+            )
         workload, sizes = self.workload(self.table(data, "workload", ("name", "sizes")))
         searched, fixed = self.passes(self.table(data, "passes", ("search", "fixed")))
         splits = self.split_points(data.get("split_points", {}), searched, fixed)
@@ -475,6 +505,10 @@ class _Loader:
                 "passes.search",
                 "the space has no search dimension: search a pass or give a split point two values",
             )
+        return self.check_grid(space)
+
+    def check_grid(self, space: SearchSpace) -> SearchSpace:
+        size = grid_size(space)
         if space.sampler == "grid" and size > MAX_GRID_SIZE:
             self.fail(
                 "search.sampler",
@@ -482,6 +516,58 @@ class _Loader:
                 f" {MAX_GRID_SIZE}): use tpe or random, or search fewer passes and split values",
             )
         return space
+
+    def command_space(self, data: dict[str, Any], name: str) -> SearchSpace:
+        """A space whose target is the user's own job (``[target] kind = "command"``)."""
+        for section, why in (
+            ("workload", "a space tunes either a built-in [workload] or your own job ([target])"),
+            ("split_points", "split points are searched on the built-in target only"),
+            ("measure", "a command target times itself: see target.repeats and target.metrics"),
+        ):
+            if section in data:
+                self.fail(section, f"not used with a command target: {why}")
+        target_table = data["target"]
+        if not isinstance(target_table, dict):
+            self.fail("target", f"expected a table, got {_kind(target_table)}")
+        passes_table = data.get("passes", {})
+        if not isinstance(passes_table, dict):
+            self.fail("passes", f"expected a table, got {_kind(passes_table)}")
+        passes, searched, fixed = load_job_passes(passes_table, self.fail)
+        target = load_target(target_table, passes, self.path, self.fail)
+        accuracy = self.table(data, "accuracy", ("metric", "bound"))
+        if "metric" in accuracy and accuracy["metric"] != COMMAND_METRIC:
+            self.fail(
+                "accuracy.metric",
+                "not used with a command target: the job's error (target.metrics.error) is bounded",
+            )
+        search = self.table(data, "search", _SEARCH_KEYS)
+        if "trial_timeout" in search:
+            self.fail("search.trial_timeout", "not used with a command target: set target.timeout_s")
+        if not searched:
+            self.fail("passes", "no pass to search: every listed pass is fixed or not switchable")
+        timeout = search.get("timeout")
+        space = SearchSpace(
+            path=self.path,
+            name=name,
+            workload="",
+            sizes={},
+            searched=searched,
+            fixed=fixed,
+            splits={},
+            metric=COMMAND_METRIC,
+            bound=self.number(accuracy.get("bound", 1e-3), "accuracy.bound"),
+            sampler=self.choice(
+                search.get("sampler", "tpe"), "search.sampler", SAMPLERS, "sampler"
+            ),
+            trials=self.integer(search.get("trials", 40), "search.trials", low=1),
+            timeout_s=None if timeout is None else self.duration(timeout, "search.timeout"),
+            seed=self.integer(search.get("seed", 0), "search.seed", high=2**32 - 1),
+            top_k=self.integer(search.get("top_k", 3), "search.top_k", low=1),
+            workers=self.integer(search.get("workers", 0), "search.workers"),
+            trial_timeout_s=target.timeout_s * target.repeats,
+            target=target,
+        )
+        return self.check_grid(space)
 
     def duration(self, value: object, key: str) -> float:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):

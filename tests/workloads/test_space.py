@@ -30,7 +30,9 @@ from fusiontune.workloads.space import (
 )
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
-SHIPPED = sorted(SPACES_DIR.glob("*.toml"))
+# The spaces of the built-in workloads; the *_template.toml files tune a command target.
+SHIPPED = sorted(p for p in SPACES_DIR.glob("*.toml") if not p.stem.endswith("_template"))
+TEMPLATES = sorted(SPACES_DIR.glob("*_template.toml"))
 SWITCHABLE = [p.name for p in switchable_passes()]
 ALL_SPLITS = [f"{p.name}.{sp.name}" for p in PASSES for sp in p.split_points]
 
@@ -85,6 +87,20 @@ def test_shipped_space_baselines_are_the_registry_defaults_and_all_off(path: Pat
         for name, on in space.fixed.items():
             assert defaults.switches[name] == all_off.switches[name] == on
     assert set(defaults.split_points.values()) == set(all_off.split_points.values()) == {0}
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.stem)
+def test_shipped_command_templates_load_and_run_in_process(path: Path) -> None:
+    space = load_space(path)
+    assert len(TEMPLATES) == 2 and space.target is not None
+    assert space.workload == "" and not space.splits and space.metric == "error"
+    assert space.trials == 40 and space.workers == 0 and space.sampler == "tpe"
+    assert (Path(space.target.base_dir) / space.target.command[1]).is_file()  # the bundled job
+    assert 8 <= len(space.searched) <= 12  # a 40-trial TPE sweep finds the optimum
+    base = baseline_params(space)
+    assert config_from_params(space, base["defaults"]) == FusionConfig.defaults(space.passes)
+    assert config_from_params(space, base["all_off"]) == FusionConfig.all_off(space.passes)
+    assert pickle.loads(pickle.dumps(space)) == space
 
 
 def test_all_spaces_search_every_switchable_pass() -> None:
@@ -360,7 +376,7 @@ def test_durations_in_the_file() -> None:
         # the top level
         (
             MINIMAL + "[serach]\ntrials = 4\n",
-            "serach: unknown key (known: name, workload, passes, split_points, accuracy, measure, search)",
+            "serach: unknown key (known: name, workload, target, passes, split_points, accuracy, measure, search)",
         ),
         ('name = "my study"\n' + MINIMAL, "name: expected a study name"),
         (MINIMAL + "measure = 3\n", "workload.measure: unknown key"),

@@ -1,0 +1,129 @@
+"""RayCommandEvaluator: the user's job, run by Ray tasks on the workers' nodes.
+
+Each request becomes one Ray task that runs :func:`fusiontune.tune.command.run_command_trial`
+where Ray places it: the job, its time limit and its process-group kill all happen on that node,
+and only the result travels back. A task holds one unit of the node's measure slot
+(:data:`~fusiontune.tune._ray_worker.MEASURE_SLOT`), so a node runs as many jobs at once as it
+registered units: one by default (a local cluster registers one), as many as it has devices if
+it was started with ``ray start --resources='{"fusiontune_measure_slot": 8}'``.
+
+Trial folders use the driver's absolute paths (``results/<study>/trials/<n>/``): on a cluster,
+each node writes them on its own disk unless the folder is shared. The job's command, working
+directory and files must exist at the same paths on every node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from fusiontune.errors import UserError
+from fusiontune.tune._job_process import TERM_GRACE_S
+from fusiontune.tune._ray_worker import MEASURE_SLOT, import_ray, one_line
+from fusiontune.tune.records import EvalRequest, EvalResult
+from fusiontune.workloads.target import CommandTarget
+
+_MARGIN_S = 120.0  # beyond the job's own limits, before the driver gives up on a task
+
+
+def run_on_node(
+    target: CommandTarget, request: EvalRequest, trial_dir: str, term_grace_s: float
+) -> EvalResult:
+    """Body of the Ray task: run the trial here, name the node it ran on."""
+    import ray
+
+    from fusiontune.tune.command import run_command_trial
+
+    node = ray.get_runtime_context().get_node_id()
+    return run_command_trial(target, request, trial_dir, node=node, term_grace_s=term_grace_s)
+
+
+@cache
+def _trial_task() -> Any:
+    ray = import_ray()
+    return ray.remote(num_cpus=1, resources={MEASURE_SLOT: 1}, max_retries=0)(run_on_node)
+
+
+class RayCommandEvaluator:
+    """Runs each request's job as a Ray task on a worker node.
+
+    Args:
+        target: the job.
+        base_dir: trial folders go to ``base_dir/<trial>/`` (made absolute here).
+        workers: the batch size the tuning loop sends at once; also the CPUs of a local cluster.
+        address: None starts Ray locally; ``HOST:PORT`` joins a cluster.
+        term_grace_s: seconds between SIGTERM and SIGKILL on a timeout.
+
+    Raises:
+        UserError: the cluster cannot be reached, or no node has the measure slot.
+    """
+
+    def __init__(
+        self,
+        target: CommandTarget,
+        base_dir: str | os.PathLike[str],
+        workers: int,
+        address: str | None = None,
+        term_grace_s: float = TERM_GRACE_S,
+    ) -> None:
+        from fusiontune.tune.ray_evaluator import start_ray
+
+        if workers < 1:
+            raise UserError(f"--workers {workers}: Ray needs at least 1 (0 runs the job here)")
+        self.target = target
+        self.base_dir = Path(base_dir).resolve()
+        self.workers = workers
+        self.term_grace_s = term_grace_s
+        self._ray = import_ray()
+        self._owns_ray = start_ray(address, workers)
+        slots = sum(
+            n["Resources"].get(MEASURE_SLOT, 0) for n in self._ray.nodes() if n.get("Alive")
+        )
+        if not slots:
+            self.close()
+            raise UserError(
+                f"no node of the Ray cluster has the {MEASURE_SLOT} resource: start each node with "
+                f"`ray start ... --resources='{{\"{MEASURE_SLOT}\": 1}}'`"
+            )
+
+    def evaluate(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
+        """One result per request, in order; a task that is lost or overruns is a failed result."""
+        ray = self._ray
+        task = _trial_task()
+        refs = [
+            task.remote(self.target, r, str(self.base_dir / str(r.trial)), self.term_grace_s)
+            for r in requests
+        ]
+        per_task = (self.target.timeout_s + self.term_grace_s + 5.0) * self.target.repeats
+        limit = per_task * max(1, len(requests)) + _MARGIN_S
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=limit)
+        done = set(ready)
+        out = []
+        for ref, request in zip(refs, requests, strict=True):
+            if ref not in done:
+                ray.cancel(ref, force=True)
+                message = f"the Ray task did not answer within {limit:g} s"
+                out.append(EvalResult.failure(request.trial, request.config, message))
+                continue
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayError as exc:
+                failed = EvalResult.failure(request.trial, request.config, f"worker died: {one_line(exc)}")
+                out.append(dataclasses.replace(failed, extra={"trial_dir": str(self.base_dir / str(request.trial))}))
+        return out
+
+    def close(self) -> None:
+        """Shut Ray down if this evaluator started it (idempotent)."""
+        if self._owns_ray and self._ray.is_initialized():
+            self._ray.shutdown()
+        self._owns_ray = False
+
+    def __enter__(self) -> RayCommandEvaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
