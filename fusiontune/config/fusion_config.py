@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -141,24 +141,14 @@ class FusionConfig:
 
         if passes is not None:
             return _resolve_job(tuple(passes), all_switch, explicit, split_points, source)
-        switches = {p.name: p.default for p in PASSES}
-        for kind, on in (all_switch or {}).items():
-            if kind not in KINDS:
-                raise ConfigError(f"{source}: unknown section {kind!r} (expected GraphFusion or UBFusion)")
-            for p in PASSES:
-                if p.kind == kind and p.switchable:
-                    switches[p.name] = on
-        for name, on in (explicit or {}).items():
-            info = BY_NAME.get(name)
-            if info is None:
-                hint = ", ".join(closest(name)) or "none"
-                raise ConfigError(f"{source}: unknown pass {name!r} (closest known: {hint})")
-            if not info.switchable and not on:
-                raise ConfigError(
-                    f"{source}: {name} cannot be switched off: it is needed for correctness"
-                    f" (switchable=false); \"ALL\":\"off\" leaves it on"
-                )
-            switches[name] = on
+        def unknown(name: str) -> str:
+            return f"unknown pass {name!r} (closest known: {', '.join(closest(name)) or 'none'})"
+
+        switches = _resolve_switches(
+            PASSES, all_switch, explicit, source, unknown,
+            "it is needed for correctness (switchable=false); \"ALL\":\"off\" leaves it on",
+            lambda name: BY_NAME.get(name),
+        )
         points = {f"{p.name}.{sp.name}": 0 for p in PASSES for sp in p.split_points}
         for key, value in (split_points or {}).items():
             if key not in points:
@@ -258,6 +248,35 @@ class FusionConfig:
         return FusionConfig.resolve(explicit=explicit, split_points=dict(points), source=source)
 
 
+# ---- resolution ----------------------------------------------------------------------------------
+def _resolve_switches(
+    table: Sequence[Any],
+    all_switch: Mapping[str, bool] | None,
+    explicit: Mapping[str, bool] | None,
+    source: str,
+    unknown: Callable[[str], str],
+    why_on: str,
+    find: Callable[[str], Any],
+) -> dict[str, bool]:
+    """CANN's order over a table of passes (rows with name, kind, default, switchable): the
+    defaults, then ``ALL`` per kind, then the explicit entries; non-switchable passes stay on."""
+    switches = {p.name: bool(p.default) for p in table}
+    for kind, on in (all_switch or {}).items():
+        if kind not in KINDS:
+            raise ConfigError(f"{source}: unknown section {kind!r} (expected GraphFusion or UBFusion)")
+        for p in table:
+            if p.kind == kind and p.switchable:
+                switches[p.name] = on
+    for name, on in (explicit or {}).items():
+        info = find(name)
+        if info is None:
+            raise ConfigError(f"{source}: {unknown(name)}")
+        if not info.switchable and not on:
+            raise ConfigError(f"{source}: {name} cannot be switched off: {why_on}")
+        switches[name] = bool(on)
+    return switches
+
+
 # ---- job configurations ------------------------------------------------------------------------
 def _resolve_job(
     table: tuple[JobPass, ...],
@@ -268,23 +287,14 @@ def _resolve_job(
 ) -> FusionConfig:
     """:meth:`FusionConfig.resolve` against a job's pass table."""
     by_name = {p.name: p for p in table}
-    switches = {p.name: p.default for p in table}
-    for kind, on in (all_switch or {}).items():
-        if kind not in KINDS:
-            raise ConfigError(f"{source}: unknown section {kind!r} (expected GraphFusion or UBFusion)")
-        for p in table:
-            if p.kind == kind and p.switchable:
-                switches[p.name] = on
-    for name, on in (explicit or {}).items():
-        info = by_name.get(name)
-        if info is None:
-            hint = ", ".join(difflib.get_close_matches(name, list(by_name), n=3, cutoff=0.5)) or "none"
-            raise ConfigError(f"{source}: {name!r} is not a pass of the job's table (closest: {hint})")
-        if not info.switchable and not on:
-            raise ConfigError(
-                f"{source}: {name} cannot be switched off: the job lists it as not switchable"
-            )
-        switches[name] = bool(on)
+
+    def unknown(name: str) -> str:
+        hint = ", ".join(difflib.get_close_matches(name, list(by_name), n=3, cutoff=0.5)) or "none"
+        return f"{name!r} is not a pass of the job's table (closest: {hint})"
+
+    switches = _resolve_switches(
+        table, all_switch, explicit, source, unknown, "the job lists it as not switchable", by_name.get
+    )
     if any(split_points.values() if split_points else ()):
         raise ConfigError(f"{source}: a job configuration has no split points, got {dict(split_points or {})}")
     return FusionConfig(switches, {}, table)

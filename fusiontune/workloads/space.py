@@ -35,6 +35,7 @@ from fusiontune.passes.base import PassInfo, SplitPoint
 from fusiontune.passes.registry import PASSES, closest, lookup
 from fusiontune.workloads.builtin import WORKLOADS
 from fusiontune.workloads.target import CommandTarget, load_job_passes, load_target
+from fusiontune.workloads.target import toml_kind as _kind
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -365,21 +366,6 @@ def _key(*parts: str | int) -> str:
             text = part if _BARE_KEY.fullmatch(part) else '"' + part.replace('"', '\\"') + '"'
             out += f".{text}" if out else text
     return out
-
-
-def _kind(value: object) -> str:
-    """The TOML type of a value, for messages."""
-    for types, name in (
-        (bool, "a boolean"),
-        (int, "an integer"),
-        (float, "a float"),
-        (str, "a string"),
-        (list, "an array"),
-        (dict, "a table"),
-    ):
-        if isinstance(value, types):
-            return name
-    return "a date/time"
 
 
 class _Loader:

@@ -162,7 +162,8 @@ def placeholders_in(template: str) -> list[str]:
 Fail = Callable[[str, str], NoReturn]
 
 
-def _kind(value: object) -> str:
+def toml_kind(value: object) -> str:
+    """The TOML type of a value, for messages ("an integer", "a table", ...)."""
     for types, name in (
         (bool, "a boolean"),
         (int, "an integer"),
@@ -207,34 +208,34 @@ def load_target(
     if "kind" not in table:
         fail("target.kind", 'missing: kind = "command" (the only kind of target)')
     if table["kind"] != "command":
-        got = repr(table["kind"]) if isinstance(table["kind"], str) else _kind(table["kind"])
+        got = repr(table["kind"]) if isinstance(table["kind"], str) else toml_kind(table["kind"])
         fail("target.kind", f'expected "command" (the only kind of target), got {got}')
     shell = table.get("shell", False)
     if not isinstance(shell, bool):
-        fail("target.shell", f"expected true or false, got {_kind(shell)}")
+        fail("target.shell", f"expected true or false, got {toml_kind(shell)}")
     command = _command(table, shell, fail)
     env_table = table.get("env", {})
     if not isinstance(env_table, dict):
-        fail("target.env", f"expected a table of NAME = \"value\", got {_kind(env_table)}")
+        fail("target.env", f"expected a table of NAME = \"value\", got {toml_kind(env_table)}")
     env: list[tuple[str, str]] = []
     for name, value in env_table.items():
         key = f"target.env.{name}"
         if not _ENV_NAME.fullmatch(name):
             fail(key, "not a valid environment variable name")
         if not isinstance(value, str):
-            fail(key, f"expected a string (quote numbers), got {_kind(value)}")
+            fail(key, f"expected a string (quote numbers), got {toml_kind(value)}")
         env.append((name, _check_template(value, key, fail)))
     workdir = table.get("workdir", ".")
     if not isinstance(workdir, str) or not workdir:
-        fail("target.workdir", f"expected a folder (a string), got {_kind(workdir)}")
+        fail("target.workdir", f"expected a folder (a string), got {toml_kind(workdir)}")
     _check_template(workdir, "target.workdir", fail)
     timeout = table.get("timeout_s", DEFAULT_TIMEOUT_S)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 or timeout == float("inf"):
-        got = repr(timeout) if isinstance(timeout, (int, float, str)) else _kind(timeout)
+        got = repr(timeout) if isinstance(timeout, (int, float, str)) else toml_kind(timeout)
         fail("target.timeout_s", f"expected a positive number of seconds, got {got}")
     repeats = table.get("repeats", 1)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
-        got = repr(repeats) if isinstance(repeats, (int, float, str)) else _kind(repeats)
+        got = repr(repeats) if isinstance(repeats, (int, float, str)) else toml_kind(repeats)
         fail("target.repeats", f"expected an integer from 1 to {MAX_REPEATS}, got {got}")
     runtime, error = _metrics(table.get("metrics", {}), fail)
     base = Path(space_path).resolve().parent
@@ -258,16 +259,16 @@ def _command(table: Mapping[str, Any], shell: bool, fail: Fail) -> tuple[str, ..
     command = table["command"]
     if shell:
         if not isinstance(command, str) or not command.strip():
-            fail("target.command", f"with shell = true, expected one command line (a string), got {_kind(command)}")
+            fail("target.command", f"with shell = true, expected one command line (a string), got {toml_kind(command)}")
         return _check_template(command, "target.command", fail)
     if isinstance(command, str):
         fail("target.command", "expected an argv array of strings, e.g. [\"python\", \"job.py\"] (no shell;"
              " set shell = true to run a command line through /bin/sh)")
     if not isinstance(command, list) or not command:
-        fail("target.command", f"expected a non-empty array of strings, got {_kind(command)}")
+        fail("target.command", f"expected a non-empty array of strings, got {toml_kind(command)}")
     for i, word in enumerate(command):
         if not isinstance(word, str):
-            fail(f"target.command[{i}]", f"expected a string, got {_kind(word)}")
+            fail(f"target.command[{i}]", f"expected a string, got {toml_kind(word)}")
         _check_template(word, f"target.command[{i}]", fail)
     if not command[0].strip():
         fail("target.command[0]", "the program is empty")
@@ -276,7 +277,7 @@ def _command(table: Mapping[str, Any], shell: bool, fail: Fail) -> tuple[str, ..
 
 def _metrics(table: object, fail: Fail) -> tuple[MetricSpec, MetricSpec]:
     if not isinstance(table, dict):
-        fail("target.metrics", f"expected a table, got {_kind(table)}")
+        fail("target.metrics", f"expected a table, got {toml_kind(table)}")
     for name in table:
         if name not in METRIC_KEYS:
             fail(f"target.metrics.{name}", f"unknown key (known: {', '.join(METRIC_KEYS)})")
@@ -288,7 +289,7 @@ def _metrics(table: object, fail: Fail) -> tuple[MetricSpec, MetricSpec]:
         if regex is not None:
             where = f"target.metrics.{name}_regex"
             if not isinstance(regex, str) or not regex:
-                fail(where, f"expected a regular expression (a string), got {_kind(regex)}")
+                fail(where, f"expected a regular expression (a string), got {toml_kind(regex)}")
             try:
                 re.compile(regex)
             except re.error as e:
@@ -300,7 +301,7 @@ def _metrics(table: object, fail: Fail) -> tuple[MetricSpec, MetricSpec]:
             fail(
                 f"target.metrics.{name}",
                 f"expected the key of the {name} in the job's JSON output (a string, e.g."
-                f" {default!r}), got {_kind(key)}",
+                f" {default!r}), got {toml_kind(key)}",
             )
         specs.append(MetricSpec(name, key=key))
     return specs[0], specs[1]
@@ -328,11 +329,11 @@ def load_job_passes(
     for kind in KINDS:
         names = table.get(kind, [])
         if not isinstance(names, list):
-            fail(f"passes.{kind}", f"expected an array of the job's pass names, got {_kind(names)}")
+            fail(f"passes.{kind}", f"expected an array of the job's pass names, got {toml_kind(names)}")
         for i, name in enumerate(names):
             key = f"passes.{kind}[{i}]"
             if not isinstance(name, str):
-                fail(key, f"expected a pass name, got {_kind(name)}")
+                fail(key, f"expected a pass name, got {toml_kind(name)}")
             if not _PASS_NAME.fullmatch(name):
                 fail(key, f"{name!r} is not a pass name (letters, digits, '_' and '-')")
             if name in kinds:
@@ -342,24 +343,24 @@ def load_job_passes(
         fail("passes", "missing: list the job's passes, e.g. GraphFusion = [\"SoftmaxFusionPass\"]")
     fixed_names = table.get("not_switchable", [])
     if not isinstance(fixed_names, list):
-        fail("passes.not_switchable", f"expected an array of pass names, got {_kind(fixed_names)}")
+        fail("passes.not_switchable", f"expected an array of pass names, got {toml_kind(fixed_names)}")
     always_on: set[str] = set()
     for i, name in enumerate(fixed_names):
         key = f"passes.not_switchable[{i}]"
         if not isinstance(name, str) or name not in kinds:
-            got = repr(name) if isinstance(name, str) else _kind(name)
+            got = repr(name) if isinstance(name, str) else toml_kind(name)
             fail(key, f"{got} is not listed under passes.GraphFusion or passes.UBFusion")
         always_on.add(name)
     held = table.get("fixed", {})
     if not isinstance(held, dict):
-        fail("passes.fixed", f'expected a table of pass = "on" / "off", got {_kind(held)}')
+        fail("passes.fixed", f'expected a table of pass = "on" / "off", got {toml_kind(held)}')
     fixed: dict[str, bool] = {}
     for name, value in held.items():
         key = f"passes.fixed.{name}"
         if name not in kinds:
             fail(key, "not listed under passes.GraphFusion or passes.UBFusion")
         if value not in ("on", "off"):
-            got = repr(value) if isinstance(value, str) else _kind(value)
+            got = repr(value) if isinstance(value, str) else toml_kind(value)
             fail(key, f'expected "on" or "off", got {got}')
         if value == "off" and name in always_on:
             fail(key, f"{name} is in passes.not_switchable: it cannot be off")
