@@ -60,9 +60,10 @@ def minimize(items: Sequence[T], fails: Callable[[tuple[T, ...]], bool]) -> tupl
     two; if the first half fails, keep it, else take the second half *without testing it* (with a
     single culprit it must fail). The one element it ends on is then tested; a single culprit
     costs at most ``ceil(log2 n) + 1`` tests. When the assumption was wrong (the culprits
-    interact, or the effect is not monotone) Zeller's ddmin continues from the smallest subset
-    that was seen to fail, which finds an interacting set; its result is 1-minimal: removing any
-    one element makes the failure go away.
+    interact), the culprits are found one at a time from the smallest subset seen to fail, each
+    by a binary search for the shortest failing prefix (``log2 n`` tests per culprit). The result
+    is then checked to be 1-minimal (removing any one element makes the failure go away); when it
+    is not (failing is not monotone in the set), Zeller's ddmin finishes from it.
 
     Returns:
         The culprits, in the order of ``items``.
@@ -80,7 +81,38 @@ def minimize(items: Sequence[T], fails: Callable[[tuple[T, ...]], bool]) -> tupl
         confirmed = candidate
     if len(confirmed) == 1:
         return confirmed
-    return _ddmin(confirmed, fails)
+    found = _prefix_reduce(confirmed, fails)
+    for x in found:  # 1-minimal? (always, when failing is monotone in the set)
+        if fails(tuple(y for y in found if y != x)):
+            return _ddmin(found, fails)
+    return found
+
+
+def _prefix_reduce(items: tuple[T, ...], fails: Callable[[tuple[T, ...]], bool]) -> tuple[T, ...]:
+    """Culprits one at a time, each by a binary search for the shortest failing prefix.
+
+    With the culprits found so far always included, the shortest prefix of the rest that fails
+    ends in a culprit: ``log2 n`` tests per culprit, where ddmin needs many more for a pair.
+    Assumes failing is monotone (a superset of a failing set fails); the caller checks the result.
+    """
+    order = {x: i for i, x in enumerate(items)}
+    found: list[T] = []
+    pool = list(items)
+
+    def with_found(prefix: list[T]) -> tuple[T, ...]:
+        return tuple(sorted([*found, *prefix], key=order.__getitem__))
+
+    while pool and not (found and fails(with_found([]))):
+        lo, hi = 0, len(pool)  # fails(found + pool[:hi]) holds; fails(found + pool[:lo]) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fails(with_found(pool[:mid])):
+                hi = mid
+            else:
+                lo = mid
+        found.append(pool[hi - 1])
+        pool = pool[: hi - 1]
+    return with_found([])
 
 
 def _ddmin(items: tuple[T, ...], fails: Callable[[tuple[T, ...]], bool]) -> tuple[T, ...]:
