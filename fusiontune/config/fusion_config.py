@@ -233,15 +233,7 @@ class FusionConfig:
         """
         if data.get("pass_table") == JOB_TABLE:
             return _job_from_json(data, source)
-        explicit: dict[str, bool] = {}
-        for kind in KINDS:
-            section = data.get(kind, {})
-            if not isinstance(section, Mapping):
-                raise ConfigError(f"{source}: {kind} must be an object")
-            for name, value in section.items():
-                if value not in ("on", "off"):
-                    raise ConfigError(f"{source}: {kind}.{name} must be \"on\" or \"off\", got {value!r}")
-                explicit[name] = value == "on"
+        explicit = {name: on for _kind, name, on in _json_switches(data, source)}
         points = data.get("split_points", {})
         if not isinstance(points, Mapping):
             raise ConfigError(f"{source}: split_points must be an object")
@@ -300,12 +292,9 @@ def _resolve_job(
     return FusionConfig(switches, {}, table)
 
 
-def _job_from_json(data: Mapping[str, object], source: str) -> FusionConfig:
-    fixed = data.get("not_switchable", [])
-    if not isinstance(fixed, list) or not all(isinstance(n, str) for n in fixed):
-        raise ConfigError(f"{source}: not_switchable must be a list of pass names")
-    rows: list[JobPass] = []
-    explicit: dict[str, bool] = {}
+def _json_switches(data: Mapping[str, object], source: str) -> list[tuple[str, str, bool]]:
+    """``(kind, name, on)`` for every entry of the GraphFusion / UBFusion objects of a best_config.json."""
+    out = []
     for kind in KINDS:
         section = data.get(kind, {})
         if not isinstance(section, Mapping):
@@ -313,8 +302,17 @@ def _job_from_json(data: Mapping[str, object], source: str) -> FusionConfig:
         for name, value in section.items():
             if value not in ("on", "off"):
                 raise ConfigError(f"{source}: {kind}.{name} must be \"on\" or \"off\", got {value!r}")
-            rows.append(JobPass(str(name), kind, name not in fixed))
-            explicit[name] = value == "on"
+            out.append((kind, str(name), value == "on"))
+    return out
+
+
+def _job_from_json(data: Mapping[str, object], source: str) -> FusionConfig:
+    fixed = data.get("not_switchable", [])
+    if not isinstance(fixed, list) or not all(isinstance(n, str) for n in fixed):
+        raise ConfigError(f"{source}: not_switchable must be a list of pass names")
+    switches = _json_switches(data, source)
+    rows = [JobPass(name, kind, name not in fixed) for kind, name, _on in switches]
+    explicit = {name: on for _kind, name, on in switches}
     try:
         table = job_table(rows)
     except ValueError as e:
