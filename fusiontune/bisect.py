@@ -393,7 +393,7 @@ def bisect(
     res.linear_scan_evaluations = len(all_changes)
     for _round in range(len(all_changes)):
         changes = changes_between(good, current)
-        culprit_changes = _step_passes(oracle, good, current, changes)
+        culprit_changes = _step_passes(oracle, good, changes)
         res.culprit_sets.append([c.name for c in culprit_changes])
         failing = apply_changes(good, culprit_changes)
         for change in culprit_changes:
@@ -411,14 +411,12 @@ def bisect(
     return res
 
 
-def _step_passes(oracle: Oracle, good: FusionConfig, bad: FusionConfig, changes: list[Change]) -> tuple[Change, ...]:
+def _step_passes(oracle: Oracle, good: FusionConfig, changes: list[Change]) -> tuple[Change, ...]:
     """Step 1: a 1-minimal set of changes that, applied to ``good``, breaks the bound."""
 
     def fails(subset: tuple[Change, ...]) -> bool:
         if not subset:
-            return False  # good itself, evaluated first
-        if len(subset) == len(changes):
-            return oracle.fails(bad, _label_changes(subset, changes), "passes")
+            return False  # good itself, evaluated first (every other subset: asked, or remembered)
         return oracle.fails(apply_changes(good, subset), _label_changes(subset, changes), "passes")
 
     return minimize(tuple(changes), fails)
@@ -443,8 +441,6 @@ def _step_applications(oracle: Oracle, failing: FusionConfig, change: Change) ->
     def fails(subset: tuple[int, ...]) -> bool:
         if not subset:
             return False
-        if len(subset) == len(indices):
-            return ev.verdict == FAIL
         deny = {change.name: [i for i in indices if i not in subset]}
         label = f"{change.name} only at {_label_indices(subset)} of {len(indices)}"
         return oracle.fails(failing, label[:60], "applications", deny)

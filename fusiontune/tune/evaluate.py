@@ -22,7 +22,7 @@ from fusiontune.measure import MeasureConfig, Timing, compare, time_callable
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.runtime import Program, build_program
-from fusiontune.tune.records import OK, Deny, EvalRequest, EvalResult, request_key
+from fusiontune.tune.records import OK, Deny, EvalRequest, EvalResult, deny_map, request_key
 from fusiontune.workloads import Workload
 
 
@@ -37,7 +37,7 @@ def fused_fingerprint(fused: FusedGraph) -> str:
 
 def program_hash(graph: Graph, config: FusionConfig, deny: Deny = ()) -> str:
     """The program hash of ``config`` on ``graph`` without compiling anything (milliseconds)."""
-    return fused_fingerprint(run_pipeline(graph, config, dict(EvalRequest(-1, config, deny).deny_map())).fused)
+    return fused_fingerprint(run_pipeline(graph, config, deny_map(deny)).fused)
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def build_candidate(workload: Workload, config: FusionConfig, deny: Deny = ()) -
 
     ``deny`` refuses single applications of passes (bisection), see :class:`EvalRequest`.
     """
-    pipeline = run_pipeline(workload.graph, config, EvalRequest(-1, config, deny).deny_map())
+    pipeline = run_pipeline(workload.graph, config, deny_map(deny))
     phash = fused_fingerprint(pipeline.fused)
     return Candidate(config, pipeline, build_program(pipeline.fused), phash, deny)
 

@@ -27,6 +27,11 @@ def normalize_deny(deny: Mapping[str, Iterable[int]] | Deny | None) -> Deny:
     return tuple(sorted((str(p), tuple(sorted({int(i) for i in idx}))) for p, idx in items if idx))
 
 
+def deny_map(deny: Deny) -> dict[str, frozenset[int]]:
+    """Denied applications as the pipeline takes them: ``{pass: frozenset(index, ...)}``."""
+    return {p: frozenset(idx) for p, idx in deny}
+
+
 def request_key(config: FusionConfig, deny: Deny = ()) -> str:
     """The key of a configuration with some applications denied (``FusionConfig.key()`` if none)."""
     if not deny:
@@ -57,7 +62,7 @@ class EvalRequest:
         return request_key(self.config, self.deny)
 
     def deny_map(self) -> dict[str, frozenset[int]]:
-        return {p: frozenset(idx) for p, idx in self.deny}
+        return deny_map(self.deny)
 
 
 @dataclass(frozen=True)

@@ -461,7 +461,6 @@ class _Loader:
             self.table(data, "measure", tuple(f.name for f in fields(MeasureConfig)))
         )
         search = self.table(data, "search", _SEARCH_KEYS)
-        timeout = search.get("timeout")
         space = SearchSpace(
             path=self.path,
             name=name,
@@ -473,17 +472,10 @@ class _Loader:
             metric=metric,
             bound=bound,
             measure=measure,
-            sampler=self.choice(
-                search.get("sampler", "tpe"), "search.sampler", SAMPLERS, "sampler"
-            ),
-            trials=self.integer(search.get("trials", 40), "search.trials", low=1),
-            timeout_s=None if timeout is None else self.duration(timeout, "search.timeout"),
-            seed=self.integer(search.get("seed", 0), "search.seed", high=2**32 - 1),
-            top_k=self.integer(search.get("top_k", 5), "search.top_k", low=1),
-            workers=self.integer(search.get("workers", 2), "search.workers"),
             trial_timeout_s=self.duration(
                 search.get("trial_timeout", 300.0), "search.trial_timeout"
             ),
+            **self.search(search, top_k=5, workers=2),
         )
         size = grid_size(space)
         if size == 1:
@@ -502,6 +494,18 @@ class _Loader:
                 f" {MAX_GRID_SIZE}): use tpe or random, or search fewer passes and split values",
             )
         return space
+
+    def search(self, search: dict[str, Any], top_k: int, workers: int) -> dict[str, Any]:
+        """The ``[search]`` fields every space has; ``top_k`` and ``workers`` are the defaults."""
+        timeout = search.get("timeout")
+        return {
+            "sampler": self.choice(search.get("sampler", "tpe"), "search.sampler", SAMPLERS, "sampler"),
+            "trials": self.integer(search.get("trials", 40), "search.trials", low=1),
+            "timeout_s": None if timeout is None else self.duration(timeout, "search.timeout"),
+            "seed": self.integer(search.get("seed", 0), "search.seed", high=2**32 - 1),
+            "top_k": self.integer(search.get("top_k", top_k), "search.top_k", low=1),
+            "workers": self.integer(search.get("workers", workers), "search.workers"),
+        }
 
     def command_space(self, data: dict[str, Any], name: str) -> SearchSpace:
         """A space whose target is the user's own job (``[target] kind = "command"``)."""
@@ -531,7 +535,6 @@ class _Loader:
             self.fail("search.trial_timeout", "not used with a command target: set target.timeout_s")
         if not searched:
             self.fail("passes", "no pass to search: every listed pass is fixed or not switchable")
-        timeout = search.get("timeout")
         space = SearchSpace(
             path=self.path,
             name=name,
@@ -542,15 +545,8 @@ class _Loader:
             splits={},
             metric=COMMAND_METRIC,
             bound=self.number(accuracy.get("bound", 1e-3), "accuracy.bound"),
-            sampler=self.choice(
-                search.get("sampler", "tpe"), "search.sampler", SAMPLERS, "sampler"
-            ),
-            trials=self.integer(search.get("trials", 40), "search.trials", low=1),
-            timeout_s=None if timeout is None else self.duration(timeout, "search.timeout"),
-            seed=self.integer(search.get("seed", 0), "search.seed", high=2**32 - 1),
-            top_k=self.integer(search.get("top_k", 3), "search.top_k", low=1),
-            workers=self.integer(search.get("workers", 0), "search.workers"),
             trial_timeout_s=target.timeout_s * target.repeats,
+            **self.search(search, top_k=3, workers=0),
             target=target,
         )
         return self.check_grid(space)
