@@ -102,6 +102,19 @@ SCALAR_RULES: dict[str, ScalarRule] = {
     "Silu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + np.exp(-{a[0]})))",
     "SwiGlu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + np.exp(-{a[0]})) * {a[1]})",
     "Gelu": _gelu,
+    "Clip": lambda a, at, lit, dt: f"np.minimum(np.maximum({a[0]}, {lit(at.get('min', -np.inf))}), {lit(at.get('max', np.inf))})",
+    "LeakyRelu": lambda a, at, lit, dt: f"({a[0]} if {a[0]} >= {lit(0.0)} else {a[0]} * {lit(at.get('alpha', 0.01))})",
+    "HardSigmoid": lambda a, at, lit, dt: (
+        f"np.minimum(np.maximum({a[0]} * {lit(at.get('alpha', 0.2))} + {lit(at.get('beta', 0.5))}, {lit(0.0)}), {lit(1.0)})"
+    ),
+    "HardSwish": lambda a, at, lit, dt: (
+        f"({a[0]} * np.minimum(np.maximum({a[0]} * {lit(1.0 / 6.0)} + {lit(0.5)}, {lit(0.0)}), {lit(1.0)}))"
+    ),
+    # Inference BatchNorm over broadcast (C, 1, ...) parameters; ConvBatchnormFusionPass folds it
+    # into the conv's weights instead when it follows a Conv.
+    "BatchNorm": lambda a, at, lit, dt: (
+        f"(({a[0]} - {a[3]}) / np.sqrt({a[4]} + {lit(at.get('eps', 1e-5))}) * {a[1]} + {a[2]})"
+    ),
     "Cast": _cast,
     "Where": lambda a, at, lit, dt: f"({a[1]} if {a[0]} else {a[2]})",
     # Expand is a pure index map: inside a loop nest the broadcast read already does it.

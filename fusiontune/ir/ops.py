@@ -5,7 +5,12 @@ checked against them. Each reference computes in the dtype of its inputs, so the
 serves the float64 reference run and the float32 "unfused" run.
 
 Kinds follow DESIGN section 3: ``elementwise`` (numpy broadcasting), ``reduction`` (reductions and
-the row-wise normalizations built on them), ``contraction`` (MatMul), ``layout`` (data movement).
+the row-wise normalizations built on them), ``contraction`` (MatMul, Conv), ``window`` (MaxPool,
+AveragePool: a reduction over a sliding window), ``attention`` (the fused Attention op that
+FlashAttentionFusionPass makes), ``layout`` (data movement, Gather).
+
+The CNN ops follow ONNX's definitions (NCHW, explicit ``pads`` as ``[begin..., end...]``); the ONNX
+importer (ir/onnx_import.py) resolves ``auto_pad`` and moves constant inputs into attributes.
 """
 
 from __future__ import annotations
@@ -240,6 +245,82 @@ def _expand(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape,
     return [(broadcast_shapes(ins[0].shape, tuple(attrs["shape"])), ins[0].dtype)]
 
 
+def _spatial_out(size: int, k: int, stride: int, pad_begin: int, pad_end: int, dilation: int, ceil: bool = False) -> int:
+    """Output length of a sliding window along one spatial axis (ONNX Conv / Pool)."""
+    span = dilation * (k - 1) + 1
+    num = size + pad_begin + pad_end - span
+    if num < 0:
+        raise ValueError(f"window {span} is larger than the padded input {size + pad_begin + pad_end}")
+    out = (-(-num // stride) if ceil else num // stride) + 1
+    if ceil and (out - 1) * stride >= size + pad_begin:
+        out -= 1  # the last window would start inside the end padding only (ONNX / onnxruntime rule)
+    return out
+
+
+def window_attrs(attrs: Mapping[str, Any], spatial: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """``(strides, pads, dilations)`` with ONNX defaults filled in for ``spatial`` axes."""
+    strides = tuple(attrs.get("strides") or (1,) * spatial)
+    pads = tuple(attrs.get("pads") or (0,) * (2 * spatial))
+    dilations = tuple(attrs.get("dilations") or (1,) * spatial)
+    if len(strides) != spatial or len(pads) != 2 * spatial or len(dilations) != spatial:
+        raise ValueError(f"strides {strides}, pads {pads}, dilations {dilations} do not fit {spatial} spatial axes")
+    return strides, pads, dilations
+
+
+def _conv(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    x, w = ins[0].shape, ins[1].shape
+    if len(x) < 3 or len(w) != len(x):
+        raise ValueError(f"Conv needs X (N, C, spatial...) and W of the same rank, got {x} and {w}")
+    group = int(attrs.get("group", 1))
+    if x[1] != w[1] * group or w[0] % group:
+        raise ValueError(f"Conv channels: X {x}, W {w}, group {group}")
+    if len(ins) == 3 and ins[2].shape != (w[0],):
+        raise ValueError(f"Conv bias must have shape ({w[0]},), got {ins[2].shape}")
+    spatial = len(x) - 2
+    strides, pads, dil = window_attrs(attrs, spatial)
+    out = [x[0], w[0]]
+    for i in range(spatial):
+        out.append(_spatial_out(x[2 + i], w[2 + i], strides[i], pads[i], pads[spatial + i], dil[i]))
+    return [(tuple(out), result_dtype(ins[:2]))]
+
+
+def _pool(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    x = ins[0].shape
+    kernel = tuple(attrs["kernel_shape"])
+    spatial = len(x) - 2
+    if spatial < 1 or len(kernel) != spatial:
+        raise ValueError(f"kernel_shape {kernel} does not fit input {x}")
+    strides, pads, dil = window_attrs(attrs, spatial)
+    ceil = bool(attrs.get("ceil_mode", 0))
+    out = list(x[:2])
+    for i in range(spatial):
+        out.append(_spatial_out(x[2 + i], kernel[i], strides[i], pads[i], pads[spatial + i], dil[i], ceil))
+    return [(tuple(out), ins[0].dtype)]
+
+
+def _gather(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    data, idx = ins
+    if not idx.dtype.startswith("int"):
+        raise ValueError(f"Gather indices must be integers, got {idx.dtype}")
+    axis = normalize_axis(attrs.get("axis", 0), len(data.shape))
+    return [(data.shape[:axis] + idx.shape + data.shape[axis + 1 :], data.dtype)]
+
+
+def _attention(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    q, k, v = (x.shape for x in ins[:3])
+    if len(q) < 2 or len(k) != len(q) or len(v) != len(q):
+        raise ValueError(f"Attention needs q, k, v of one rank >= 2, got {q}, {k}, {v}")
+    if q[-1] != k[-1] or k[-2] != v[-2]:
+        raise ValueError(f"Attention shapes: q {q}, k {k}, v {v} (k is (..., Sk, D), v is (..., Sk, Dv))")
+    batch = broadcast_shapes(q[:-2], k[:-2], v[:-2])
+    out = (*batch, q[-2], v[-1])
+    if len(ins) == 4:
+        scores = (*batch, q[-2], k[-2])
+        if broadcast_shapes(scores, ins[3].shape) != scores:
+            raise ValueError(f"Attention mask {ins[3].shape} does not broadcast to the scores {scores}")
+    return [(out, result_dtype(ins[:3]))]
+
+
 # ---- references ------------------------------------------------------------------------------
 def _ew(fn: Callable[..., np.ndarray]) -> Reference:
     def ref(attrs: Mapping[str, Any], *xs: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -347,6 +428,108 @@ def _transpose_ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
     return (np.transpose(x, attrs.get("perm") or None),)
 
 
+def _windows(x: np.ndarray, kernel: Sequence[int], attrs: Mapping[str, Any], fill: float, ceil: bool = False) -> np.ndarray:
+    """``x`` (N, C, spatial...) padded with ``fill`` and cut into windows:
+    shape (N, C, out spatial..., kernel...), a strided view (ONNX Conv / Pool indexing)."""
+    spatial = x.ndim - 2
+    strides, pads, dil = window_attrs(attrs, spatial)
+    outs = [_spatial_out(x.shape[2 + i], kernel[i], strides[i], pads[i], pads[spatial + i], dil[i], ceil) for i in range(spatial)]
+    widths = [(0, 0), (0, 0)]
+    for i in range(spatial):
+        span = dil[i] * (kernel[i] - 1) + 1
+        need = (outs[i] - 1) * strides[i] + span  # the padded length every window fits in
+        widths.append((pads[i], max(need - x.shape[2 + i] - pads[i], 0)))
+    xp = np.pad(x, widths, constant_values=fill)
+    spans = [dil[i] * (kernel[i] - 1) + 1 for i in range(spatial)]
+    win = np.lib.stride_tricks.sliding_window_view(xp, spans, axis=tuple(range(2, 2 + spatial)))
+    index = (slice(None), slice(None))
+    index += tuple(slice(0, outs[i] * strides[i], strides[i]) for i in range(spatial))
+    index += tuple(slice(None, None, dil[i]) for i in range(spatial))
+    return win[index]
+
+
+def _conv_ref(attrs: Mapping[str, Any], x: np.ndarray, w: np.ndarray, *bias: np.ndarray) -> tuple:
+    group = int(attrs.get("group", 1))
+    spatial = x.ndim - 2
+    win = _windows(x, w.shape[2:], attrs, 0.0)  # (N, C, out..., k...)
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    cg, mg = c // group, m // group
+    out_sp = win.shape[2 : 2 + spatial]
+    outs = []
+    letters = "hijk"[:spatial]
+    kl = "pqrs"[:spatial]
+    spec = f"nc{letters}{kl},mc{kl}->nm{letters}"
+    for g in range(group):
+        outs.append(np.einsum(spec, win[:, g * cg : (g + 1) * cg], w[g * mg : (g + 1) * mg], optimize=True))
+    out = np.concatenate(outs, axis=1) if group > 1 else outs[0]
+    if bias:
+        out = out + bias[0].reshape((m,) + (1,) * spatial)
+    assert out.shape == (n, m, *out_sp)
+    return (out.astype(np.result_type(x.dtype, w.dtype), copy=False),)
+
+
+def _max_pool_ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
+    kernel = tuple(attrs["kernel_shape"])
+    win = _windows(x, kernel, attrs, -np.inf, bool(attrs.get("ceil_mode", 0)))
+    axes = tuple(range(x.ndim, win.ndim))
+    return (win.max(axis=axes).astype(x.dtype),)
+
+
+def _avg_pool_ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
+    """Mean over each window. ``count_include_pad=1`` divides by the window size clipped to the
+    explicitly padded input (a ceil_mode overhang never counts), 0 by the real elements only."""
+    kernel = tuple(attrs["kernel_shape"])
+    ceil = bool(attrs.get("ceil_mode", 0))
+    spatial = x.ndim - 2
+    strides, pads, dil = window_attrs(attrs, spatial)
+    win = _windows(x, kernel, attrs, 0.0, ceil)
+    axes = tuple(range(x.ndim, win.ndim))
+    total = win.sum(axis=axes)
+    if attrs.get("count_include_pad", 0):
+        padded = np.pad(np.ones((1, 1, *x.shape[2:]), x.dtype), [(0, 0), (0, 0)] + [(pads[i], pads[spatial + i]) for i in range(spatial)], constant_values=1)
+        shifted = {**attrs, "pads": (0,) * (2 * spatial)}
+        count = _windows(padded, kernel, shifted, 0.0, ceil)
+        # `padded` starts at the explicit begin pad, so its windows line up with those of x.
+        count = count.sum(axis=axes)
+    else:
+        count = _windows(np.ones((1, 1, *x.shape[2:]), x.dtype), kernel, attrs, 0.0, ceil).sum(axis=axes)
+    return ((total / count).astype(x.dtype),)
+
+
+def _gather_ref(attrs: Mapping[str, Any], data: np.ndarray, idx: np.ndarray) -> tuple:
+    axis = normalize_axis(attrs.get("axis", 0), data.ndim)
+    n = data.shape[axis]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"Gather index out of range [-{n}, {n})")
+    return (np.take(data, np.where(idx < 0, idx + n, idx), axis=axis),)
+
+
+def _attention_ref(attrs: Mapping[str, Any], q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray) -> tuple:
+    """``softmax(q @ k^T * scale + mask) @ v``; ``kv_block`` is a schedule hint and changes nothing here."""
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * q.dtype.type(attrs.get("scale", 1.0))
+    if mask:
+        s = s + mask[0]
+    (p,) = _softmax({"axis": -1}, s)
+    return (np.matmul(p, v).astype(np.result_type(q.dtype, k.dtype, v.dtype), copy=False),)
+
+
+def _batch_norm_ref(attrs: Mapping[str, Any], x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray) -> tuple:
+    eps = x.dtype.type(attrs.get("eps", 1e-5))
+    return ((x - mean) / np.sqrt(var + eps) * scale + bias,)
+
+
+def _batch_norm(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    x = ins[0]
+    for p in ins[1:]:
+        if len(x.shape) < 2 or p.shape not in ((x.shape[1],) + (1,) * (len(x.shape) - 2),):
+            raise ValueError(
+                f"BatchNorm parameters must have shape (C, 1, ...) = {(x.shape[1],) + (1,) * (len(x.shape) - 2)} "
+                f"for input {x.shape}, got {p.shape}"
+            )
+    return [(x.shape, result_dtype(ins))]
+
+
 # ---- the catalogue ---------------------------------------------------------------------------
 def _binary(name: str, fn: Callable[..., np.ndarray], basic: bool, doc: str) -> None:
     _register(OpDef(name, "elementwise", _broadcast, _ew(fn), 2, basic=basic, doc=doc))
@@ -377,6 +560,41 @@ _unary("Tanh", np.tanh, False, "tanh x")
 _unary("Erf", special.erf, False, "the error function")
 _unary("Sigmoid", _sigmoid, False, "1 / (1 + e ** -x)")
 _unary("Silu", lambda x: x * _sigmoid(x), False, "x * sigmoid(x)")
+_register(
+    OpDef(
+        "Clip", "elementwise", _same,
+        lambda attrs, x: (np.clip(x, x.dtype.type(attrs.get("min", -np.inf)), x.dtype.type(attrs.get("max", np.inf))).astype(x.dtype),),
+        1, attrs={"min": float("-inf"), "max": float("inf")}, basic=True, doc="min(max(x, min), max)",
+    )
+)
+_register(
+    OpDef(
+        "LeakyRelu", "elementwise", _same,
+        lambda attrs, x: (np.where(x >= 0, x, x * x.dtype.type(attrs.get("alpha", 0.01))).astype(x.dtype),),
+        1, attrs={"alpha": 0.01}, basic=True, doc="x if x >= 0 else alpha * x",
+    )
+)
+_register(
+    OpDef(
+        "HardSigmoid", "elementwise", _same,
+        lambda attrs, x: (np.clip(x * x.dtype.type(attrs.get("alpha", 0.2)) + x.dtype.type(attrs.get("beta", 0.5)), 0, 1).astype(x.dtype),),
+        1, attrs={"alpha": 0.2, "beta": 0.5}, basic=True, doc="max(0, min(1, alpha * x + beta))",
+    )
+)
+_register(
+    OpDef(
+        "HardSwish", "elementwise", _same,
+        lambda attrs, x: ((x * np.clip(x * x.dtype.type(1.0 / 6.0) + x.dtype.type(0.5), 0, 1)).astype(x.dtype),),
+        1, basic=True, doc="x * max(0, min(1, x / 6 + 1 / 2))",
+    )
+)
+_register(
+    OpDef(
+        "BatchNorm", "elementwise", _batch_norm, _batch_norm_ref, 5, attrs={"eps": 1e-5},
+        doc="inference BatchNormalization: (x - mean) / sqrt(var + eps) * scale + bias, "
+        "parameters shaped (C, 1, ...) against x (N, C, ...)",
+    )
+)
 _register(
     OpDef(
         "Gelu",
@@ -484,6 +702,41 @@ _register(
         "Expand", "layout", _expand,
         lambda attrs, x: (np.ascontiguousarray(np.broadcast_to(x, _expand(attrs, [Value("x", x.shape)])[0][0])),),
         1, attrs={"shape": ()}, doc="broadcast to a shape",
+    )
+)
+
+
+_register(
+    OpDef(
+        "Conv", "contraction", _conv, _conv_ref, (2, 3),
+        attrs={"strides": (), "pads": (), "dilations": (), "group": 1},
+        doc="ONNX Conv (N, C, spatial...) with W (M, C/group, k...), optional bias (M,); explicit pads",
+    )
+)
+_register(
+    OpDef(
+        "MaxPool", "window", _pool, _max_pool_ref, 1,
+        attrs={"kernel_shape": (), "strides": (), "pads": (), "dilations": (), "ceil_mode": 0},
+        doc="max over each window (padding never wins)",
+    )
+)
+_register(
+    OpDef(
+        "AveragePool", "window", _pool, _avg_pool_ref, 1,
+        attrs={"kernel_shape": (), "strides": (), "pads": (), "ceil_mode": 0, "count_include_pad": 0},
+        doc="mean over each window; count_include_pad counts the explicit padding",
+    )
+)
+_register(
+    OpDef(
+        "Gather", "layout", _gather, _gather_ref, 2, attrs={"axis": 0},
+        doc="take(data, indices, axis); negative indices count from the end",
+    )
+)
+_register(
+    OpDef(
+        "Attention", "attention", _attention, _attention_ref, (3, 4), attrs={"scale": 1.0, "kv_block": 0},
+        doc="softmax(q @ k^T * scale + mask) @ v with k as (..., Sk, D); kv_block is the kernel's key block",
     )
 )
 

@@ -223,6 +223,25 @@ CASES: tuple[OpCase, ...] = (
     *_unary("Silu"),
     *_unary("Gelu"),
     OpCase("Gelu", "Gelu-tanh", lambda g: g.gelu(g.input("x", (4, 7)), approximate="tanh")),
+    OpCase("Clip", "Clip-relu6", lambda g: g.op("Clip", g.input("x", (4, 7)), min=0.0, max=6.0)),
+    OpCase("Clip", "Clip-upper_only", lambda g: g.op("Clip", g.input("x", (2, 3, 33)), max=0.25)),
+    OpCase("LeakyRelu", "LeakyRelu-2d", lambda g: g.op("LeakyRelu", g.input("x", (4, 7)), alpha=0.1)),
+    OpCase("HardSigmoid", "HardSigmoid-2d", lambda g: g.op("HardSigmoid", g.input("x", (4, 7)), alpha=0.3, beta=0.4)),
+    OpCase("HardSwish", "HardSwish-3d", lambda g: g.op("HardSwish", g.input("x", (2, 3, 33)))),
+    OpCase(
+        "BatchNorm",
+        "BatchNorm-nchw",
+        lambda g: g.op(
+            "BatchNorm", g.input("x", (2, 3, 4, 5)), _c(g, (3, 1, 1), 1, positive=True), _c(g, (3, 1, 1), 2),
+            _c(g, (3, 1, 1), 3), _c(g, (3, 1, 1), 4, positive=True), eps=1e-3,
+        ),
+    ),
+    OpCase(
+        "BatchNorm",
+        "BatchNorm-nc",
+        lambda g: g.op("BatchNorm", g.input("x", (4, 3)), *(g.input(p, (3,)) for p in ("s", "b", "m", "v"))),
+        "positive",
+    ),
     OpCase("Cast", "Cast-to_float64", lambda g: g.cast(g.input("x", (4, 5)), "float64")),
     OpCase("Cast", "Cast-to_bool", lambda g: g.cast(g.input("x", (4, 5)), "bool"), "ints"),
     OpCase(
@@ -600,7 +619,7 @@ def _special_params() -> list[object]:
     ops = [
         n
         for n, op in sorted(CATALOGUE.items())
-        if op.kind == "elementwise" and n not in ("Cast", "Where", "BiasAdd")
+        if op.kind == "elementwise" and n not in ("Cast", "Where", "BiasAdd", "BatchNorm")
     ]
     return [
         pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=NAN_BUGS[n]))
