@@ -49,6 +49,20 @@ def _assignment(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"expected NAME=INT, got {text!r}") from None
 
 
+def _shape_assignment(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=2x64`` -> (name, (2, 64)); argparse turns the ValueError into a usage error."""
+    name, eq, value = text.partition("=")
+    try:
+        if not (eq and name.strip() and value.strip()):
+            raise ValueError
+        shape = tuple(int(d) for d in value.lower().split("x"))
+        if any(d < 1 for d in shape):
+            raise ValueError
+        return name.strip(), shape
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=AxBx..., e.g. input_ids=2x64, got {text!r}") from None
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Left-aligned columns separated by two spaces, a dashed rule under the header.
 
@@ -370,7 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("run", help="fuse, compile and measure one workload under one configuration")
-    p.add_argument("workload", metavar="WORKLOAD", help="a built-in workload name")
+    p.add_argument(
+        "workload", metavar="WORKLOAD", help="a built-in workload name, or an ONNX model file (MODEL.onnx)"
+    )
     source = p.add_mutually_exclusive_group()
     source.add_argument(
         "--config", metavar="FILE", type=Path, help="fusion_switch.cfg or best_config.json"
@@ -394,6 +410,22 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="a workload size, e.g. batch=8 (repeatable)",
+    )
+    p.add_argument(
+        "--dim",
+        metavar="NAME=INT",
+        type=_assignment,
+        action="append",
+        default=[],
+        help="an ONNX model: the size of a symbolic dimension, e.g. batch=2 (repeatable)",
+    )
+    p.add_argument(
+        "--input-shape",
+        metavar="NAME=AxB",
+        type=_shape_assignment,
+        action="append",
+        default=[],
+        help="an ONNX model: the whole shape of one input, e.g. input_ids=2x64 (repeatable)",
     )
     p.add_argument("--repeat", metavar="N", type=int, help="timed repeats")
     p.add_argument(

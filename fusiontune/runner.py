@@ -27,7 +27,9 @@ from fusiontune.measure import ErrorMetrics, MeasureConfig, Timing, compare, tim
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.passes.registry import lookup
 from fusiontune.runtime import Program, build_program
+from fusiontune.errors import UserError
 from fusiontune.workloads import Workload, make_workload
+from fusiontune.workloads.onnx_model import ONNX_SUFFIX, OnnxSource, load_onnx_workload
 
 SMALL_OUTPUT = 64  # print outputs up to this many elements, as the seeds print `result: [...]`
 
@@ -127,10 +129,27 @@ def _compare_all_off(workload: Workload, program: Program, measure: MeasureConfi
     return Timing.from_samples(tuple(a), number), Timing.from_samples(tuple(b), number)
 
 
+def load_run_workload(args: argparse.Namespace) -> Workload:
+    """The workload of ``run``: a built-in name with ``--size``, or ``MODEL.onnx`` with ``--dim`` and
+    ``--input-shape``.
+
+    Raises:
+        UserError: an unknown name or size, options of the other kind, or a model that does not import.
+    """
+    dims = dict(getattr(args, "dim", None) or [])
+    shapes = dict(getattr(args, "input_shape", None) or [])
+    if args.workload.endswith(ONNX_SUFFIX):
+        if args.size:
+            raise UserError(f"{args.workload}: --size is for built-in workloads; fix an ONNX model's dimensions with --dim NAME=N or --input-shape NAME=AxB")
+        return load_onnx_workload(OnnxSource.make(args.workload, dims, shapes))
+    if dims or shapes:
+        raise UserError(f"--dim and --input-shape are for ONNX models (MODEL{ONNX_SUFFIX}), not the built-in workload {args.workload!r}")
+    return make_workload(args.workload, **dict(args.size))
+
+
 def run_command(args: argparse.Namespace) -> int:
     """The ``run`` subcommand."""
-    sizes = dict(args.size)
-    workload = make_workload(args.workload, **sizes)
+    workload = load_run_workload(args)
     config = resolve_config(args.config, args.flags, list(args.split))
     measure = MeasureConfig(repeat=args.repeat or 9, min_repeat_ms=5.0)
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Layout kernels: Reshape, Transpose, Concat, Split and Slice, each a copy loop of its own."""
+"""Layout kernels: Reshape, Transpose, Concat, Split, Slice and Gather, each a copy loop of its own."""
 
 from __future__ import annotations
 
@@ -88,6 +88,8 @@ def generate_layout_kernel(node: Node, values: dict[str, Value], name: str) -> K
             start, _, step = sl.indices(d)
             src.append(f"{start} + {step} * {iv[k]}" if (start, step) != (0, 1) else iv[k])
         body = loops + [f"{ind}a1[{', '.join(iv)}] = a0[{', '.join(src)}]"]
+    elif node.op == "Gather":
+        args, body = _gather(node, ins, outs[0], par)
     else:
         raise NotFusable(f"{node.op} is not a layout op")
     if any(0 in a.shape for a in args):
@@ -95,3 +97,34 @@ def generate_layout_kernel(node: Node, values: dict[str, Value], name: str) -> K
     lines = [decorator(args, parallel=par, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):", *body]
     nbytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in args)
     return KernelSource(name, HEADER + "\n".join(lines) + "\n", tuple(args), "layout", nbytes, 0)
+
+
+def _gather(node: Node, ins: list[Value], out: Value, par: bool) -> tuple[list[ArgSpec], list[str]]:
+    """``take(data, idx, axis)``: data viewed as (outer, n, inner), the indices flat, the output as
+    (outer, m, inner). Indices are checked once, before the copy, as the reference checks them;
+    a negative index counts from the end."""
+    data, idx = ins
+    axis = normalize_axis(node.attr("axis", 0), len(data.shape))
+    outer = int(np.prod(data.shape[:axis]))
+    n = data.shape[axis]
+    inner = int(np.prod(data.shape[axis + 1 :]))
+    m = idx.size
+    args = [
+        ArgSpec(data.name, (outer, n, inner), data.dtype, "in"),
+        ArgSpec(idx.name, (m,), idx.dtype, "in"),
+        ArgSpec(out.name, (outer, m, inner), out.dtype, "out"),
+    ]
+    rng = "numba.prange" if par else "range"
+    body = [
+        f"    for t in range({m}):",
+        f"        if a1[t] < -{n} or a1[t] >= {n}:",
+        '            raise IndexError("Gather index out of range")',
+        f"    for o in {rng}({outer}):",
+        f"        for t in range({m}):",
+        "            j = a1[t]",
+        "            if j < 0:",
+        f"                j += {n}",
+        f"            for i in range({inner}):",
+        "                a2[o, t, i] = a0[o, j, i]",
+    ]
+    return args, body

@@ -26,6 +26,7 @@ from fusiontune.tune.evaluate import Candidate, build_candidate, measure_candida
 from fusiontune.tune.records import EvalRequest, EvalResult
 
 if TYPE_CHECKING:
+    from fusiontune.workloads.onnx_model import OnnxSource
     from fusiontune.workloads import Workload
 
 MEASURE_SLOT = "fusiontune_measure_slot"
@@ -111,10 +112,10 @@ class TuneWorker:
     kept by a driver-chosen token between :meth:`build` and :meth:`measure`.
     """
 
-    def __init__(self, workload_name: str, sizes: Mapping[str, int], hook: FaultHook) -> None:
+    def __init__(self, workload_name: str | OnnxSource, sizes: Mapping[str, int], hook: FaultHook) -> None:
         import ray
 
-        from fusiontune.workloads import make_workload
+        from fusiontune.workloads.onnx_model import load_workload
 
         context = ray.get_runtime_context()
         self.node = context.get_node_id()
@@ -126,7 +127,8 @@ class TuneWorker:
         self._built: dict[int, tuple[EvalRequest, Candidate]] = {}
         self._limit_threads()
         try:
-            self.workload = make_workload(workload_name, **dict(sizes))
+            # a built-in workload's name, or an OnnxSource (an ONNX space)
+            self.workload = load_workload(workload_name, sizes)
         except UserError as exc:  # reported by info(); the driver raises it as one line
             self.error = str(exc)
             return

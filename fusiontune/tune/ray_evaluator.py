@@ -31,7 +31,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fusiontune.errors import UserError
 from fusiontune.measure import MeasureConfig
@@ -46,6 +46,9 @@ from fusiontune.tune._ray_worker import (
     worker_actor,
 )
 from fusiontune.tune.records import EvalRequest, EvalResult
+
+if TYPE_CHECKING:
+    from fusiontune.workloads.onnx_model import OnnxSource
 
 __all__ = ["MEASURE_SLOT", "FaultHook", "RayEvaluator", "TuneWorker", "start_ray"]
 
@@ -136,7 +139,7 @@ class RayEvaluator:
     """Evaluates batches on a pool of Ray actors (see the module docstring for the protocol).
 
     Args:
-        workload_name: a built-in workload; each actor builds it once.
+        workload_name: a built-in workload, or an ONNX model (``OnnxSource``); each actor builds it once.
         sizes: its size parameters.
         measure: the timing protocol.
         workers: actors in the pool (one CPU each).
@@ -153,7 +156,7 @@ class RayEvaluator:
 
     def __init__(
         self,
-        workload_name: str,
+        workload_name: str | OnnxSource,
         sizes: Mapping[str, int],
         measure: MeasureConfig,
         workers: int,

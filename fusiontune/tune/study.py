@@ -57,7 +57,7 @@ from fusiontune.tune.evaluate import program_hash
 from fusiontune.tune.evaluator import Evaluator
 from fusiontune.tune.records import FAILED, EvalRequest, EvalResult
 from fusiontune.tune.samplers import SamplerChoice, make_sampler
-from fusiontune.workloads import make_workload
+from fusiontune.workloads.onnx_model import space_workload
 from fusiontune.workloads.space import (
     SearchSpace,
     baseline_params,
@@ -168,7 +168,7 @@ def run_tune(
     _check_compatible(study, space, storage_url, sampler_name, choice.objectives)
     _record_study_attrs(study, space, sampler_name)
     if graph is None and space.target is None:
-        graph = make_workload(space.workload, **dict(space.sizes)).graph
+        graph = space_workload(space).graph
     batch = batch_size or int(getattr(evaluator, "workers", 0) or 1)
     sweep = _Sweep(study, space, evaluator, choice, graph, sampler_name == "grid", stop_when)
     return sweep.run(n_trials, timeout_s, max(1, batch), progress, display_url(storage_url))

@@ -128,7 +128,7 @@ def make_evaluator(
     """
     from fusiontune.measure import MeasureConfig
     from fusiontune.tune.evaluator import LocalEvaluator
-    from fusiontune.workloads import make_workload
+    from fusiontune.workloads.onnx_model import space_workload, workload_source
 
     if args.replay:
         from fusiontune.tune.replay import ReplayEvaluator
@@ -142,7 +142,7 @@ def make_evaluator(
     if space.target is not None:
         return _command_evaluator(args, space, workers, base_dir), None
     if workers == 0:
-        workload = make_workload(space.workload, **dict(space.sizes))
+        workload = space_workload(space)
         measure: MeasureConfig = space.measure
         return LocalEvaluator(workload, measure), workload
     try:
@@ -154,7 +154,7 @@ def make_evaluator(
     from fusiontune.tune.ray_evaluator import RayEvaluator
 
     evaluator = RayEvaluator(
-        space.workload,
+        workload_source(space),  # a built-in name or an OnnxSource: each actor builds it
         dict(space.sizes),
         space.measure,
         workers,
@@ -189,7 +189,7 @@ def _confirm(
     import optuna
 
     from fusiontune.tune.confirm import confirm
-    from fusiontune.workloads import make_workload
+    from fusiontune.workloads.onnx_model import space_workload
 
     study = optuna.load_study(study_name=study_name, storage=storage_url)
     if space.target is not None:  # the user's job: run it again, here
@@ -198,7 +198,7 @@ def _confirm(
         confirm_command(study, space, results_dir / "confirm", top_k=top_k)
         return
     if workload is None:
-        workload = make_workload(space.workload, **dict(space.sizes))
+        workload = space_workload(space)
     confirm(study, workload, space, top_k=top_k)
 
 

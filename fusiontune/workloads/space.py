@@ -34,6 +34,7 @@ from fusiontune.measure import METRICS, MeasureConfig
 from fusiontune.passes.base import PassInfo, SplitPoint
 from fusiontune.passes.registry import PASSES, closest, lookup
 from fusiontune.workloads.builtin import WORKLOADS
+from fusiontune.workloads.onnx_model import OnnxSource
 from fusiontune.workloads.target import CommandTarget, load_job_passes, load_target
 from fusiontune.workloads.target import toml_kind as _kind
 
@@ -70,8 +71,8 @@ class SearchSpace:
     Attributes:
         path: the file it came from.
         name: the study name used by default (the file's stem unless set).
-        workload: a built-in workload name.
-        sizes: the workload's size parameters.
+        workload: a built-in workload name, or the stem of the ONNX model in ``onnx``.
+        sizes: the workload's size parameters (an ONNX model: its fixed symbolic dimensions).
         searched: pass names whose on/off is a search dimension (``pass.<Name>``).
         fixed: pass name -> on/off for passes held fixed during the search.
         splits: ``"Pass.point"`` -> the values searched (``split.<Pass>.<point>``); a single value
@@ -89,6 +90,9 @@ class SearchSpace:
         target: the user's job when the space tunes one (``[target] kind = "command"``); then
             ``workload`` is empty, ``searched`` and ``fixed`` name the job's passes, there are no
             split points, and ``metric`` is ``"error"``. None: the built-in ``workload``.
+        onnx: the ONNX model the space tunes (``[workload] onnx = "model.onnx"``), its path made
+            absolute; None for a built-in workload. Build either kind with
+            :func:`fusiontune.workloads.onnx_model.space_workload`.
     """
 
     path: str
@@ -109,6 +113,7 @@ class SearchSpace:
     workers: int = 2
     trial_timeout_s: float = 300.0
     target: CommandTarget | None = None
+    onnx: OnnxSource | None = None
 
     @property
     def passes(self) -> tuple[JobPass, ...] | None:
@@ -449,7 +454,9 @@ class _Loader:
                 'missing: add [workload] with name = "<a built-in workload>", or a [target] to'
                 " tune your own job",
             )
-        workload, sizes = self.workload(self.table(data, "workload", ("name", "sizes")))
+        workload, sizes, onnx = self.workload(
+            self.table(data, "workload", ("name", "sizes", "onnx", "dims", "input_shapes"))
+        )
         searched, fixed = self.passes(self.table(data, "passes", ("search", "fixed")))
         splits = self.split_points(data.get("split_points", {}), searched, fixed)
         accuracy = self.table(data, "accuracy", ("metric", "bound"))
@@ -476,6 +483,7 @@ class _Loader:
                 search.get("trial_timeout", 300.0), "search.trial_timeout"
             ),
             **self.search(search, top_k=5, workers=2),
+            onnx=onnx,
         )
         size = grid_size(space)
         if size == 1:
@@ -573,9 +581,14 @@ class _Loader:
             ),
         )
 
-    def workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int]]:
+    def workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int], OnnxSource | None]:
+        if "onnx" in table:
+            return self.onnx_workload(table)
+        for key in ("dims", "input_shapes"):
+            if key in table:
+                self.fail(f"workload.{key}", 'only with onnx = "<model.onnx>"')
         if "name" not in table:
-            self.fail("workload.name", "missing: the name of a built-in workload")
+            self.fail("workload.name", 'missing: the name of a built-in workload, or onnx = "<model.onnx>"')
         name = self.choice(table["name"], "workload.name", tuple(WORKLOADS), "workload")
         spec = WORKLOADS[name]
         given = table.get("sizes", {})
@@ -591,7 +604,40 @@ class _Loader:
             spec.build(**sizes)
         except (UserError, ValueError) as e:
             self.fail("workload.sizes", str(e))
-        return name, sizes
+        return name, sizes, None
+
+    def onnx_workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int], OnnxSource]:
+        """``onnx = "model.onnx"`` (relative to the space file), ``[workload.dims]``, ``[workload.input_shapes]``."""
+        for key in ("name", "sizes"):
+            if key in table:
+                self.fail(f"workload.{key}", "not used with onnx: the model's file stem names the workload")
+        path = table["onnx"]
+        if not isinstance(path, str) or not path:
+            self.fail("workload.onnx", f"expected the path of a .onnx file, got {_kind(path)}")
+        base = Path(self.path).parent if not self.path.startswith("<") else Path.cwd()
+        file = (base / path).resolve()
+        if not file.is_file():
+            self.fail("workload.onnx", f"no such file: {file}")
+        dims = table.get("dims", {})
+        if not isinstance(dims, dict):
+            self.fail("workload.dims", f"expected a table of name = size, got {_kind(dims)}")
+        for key, value in dims.items():
+            self.integer(value, f"workload.dims.{_key(key)}", low=1)
+        shapes = table.get("input_shapes", {})
+        if not isinstance(shapes, dict):
+            self.fail("workload.input_shapes", f"expected a table of input = [sizes], got {_kind(shapes)}")
+        for key, value in shapes.items():
+            where = f"workload.input_shapes.{_key(key)}"
+            if not isinstance(value, list):
+                self.fail(where, f"expected a list of sizes, got {_kind(value)}")
+            for v in value:
+                self.integer(v, where, low=1)
+        source = OnnxSource.make(file, dims, shapes)
+        try:  # importing checks the model, its ops and that every dynamic dimension is fixed
+            source.graph()
+        except UserError as e:
+            self.fail("workload.onnx", str(e))
+        return source.name, dict(source.dims), source
 
     def passes(self, table: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, bool]]:
         fixed_table = table.get("fixed", {})
