@@ -1,0 +1,158 @@
+"""Conv benchmark: im2col + BLAS vs the direct loop kernel vs numpy, and Conv+BN+Relu fused vs not.
+
+Prints, for people:
+
+1. Per ResNet / MobileNet-style conv shape (batch 1, float32): the median time (and IQR) of the
+   conv kernel with ``conv_algo="im2col"``, with ``conv_algo="direct"``, and of the catalogue's
+   numpy reference (ir/ops.py, einsum over a strided window view), timed in interleaved rounds
+   (A B C A B C ...) so that load from other processes hits every variant alike; which algorithm
+   wins, and which one :func:`fusiontune.codegen.conv.choose_conv_algo` picks.
+2. Conv + BatchNorm + Relu blocks: the program with the registry defaults (BN folded into the
+   conv, Relu as the conv kernel's epilogue: one kernel) against everything off (three kernels).
+
+This is a benchmark, not a test: nothing is gated on time. Run it on a quiet machine
+(``cat /proc/loadavg`` below ~0.5).
+
+    .venv/bin/python benchmarks/bench_conv.py [--quick] [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from fusiontune.codegen.conv import choose_conv_algo
+from fusiontune.config.fusion_config import FusionConfig
+from fusiontune.ir.builder import GraphBuilder
+from fusiontune.ir.graph import Graph
+from fusiontune.ir.ops import get_op
+from fusiontune.passes.fused_graph import FusedGraph
+from fusiontune.passes.pipeline import run_pipeline
+from fusiontune.runtime.program import build_program
+
+F32 = np.float32
+
+# (label, C, H(=W), M, k, stride, group)
+SHAPES: tuple[tuple[str, int, int, int, int, int, int], ...] = (
+    ("stem 7x7 s2 3->64 @224", 3, 224, 64, 7, 2, 1),
+    ("3x3 64->64 @56", 64, 56, 64, 3, 1, 1),
+    ("1x1 64->256 @56", 64, 56, 256, 1, 1, 1),
+    ("1x1 256->64 @56", 256, 56, 64, 1, 1, 1),
+    ("3x3 s2 128->128 @56", 128, 56, 128, 3, 2, 1),
+    ("1x1 s2 256->512 @56", 256, 56, 512, 1, 2, 1),
+    ("3x3 256->256 @14", 256, 14, 256, 3, 1, 1),
+    ("3x3 512->512 @7", 512, 7, 512, 3, 1, 1),
+    ("dw 3x3 32 @112", 32, 112, 32, 3, 1, 32),
+    ("dw 3x3 s2 96 @112", 96, 112, 96, 3, 2, 96),
+    ("dw 3x3 256 @28", 256, 28, 256, 3, 1, 256),
+    ("grouped 3x3 g32 256->256 @28", 256, 28, 256, 3, 1, 32),
+)
+QUICK = ("3x3 64->64 @56", "1x1 256->64 @56", "dw 3x3 32 @112")
+
+
+def conv_graph(c: int, h: int, m: int, k: int, stride: int, group: int, bn_relu: bool = False) -> Graph:
+    rng = np.random.default_rng(0)
+    g = GraphBuilder("conv", dtype="float32")
+    x = g.input("x", (1, c, h, h))
+    w = g.const((rng.standard_normal((m, c // group, k, k)) / np.sqrt(c // group * k * k)).astype(F32))
+    p = k // 2
+    y = g.op("Conv", x, w, strides=(stride, stride), pads=(p, p, p, p), group=group)
+    if bn_relu:
+        params = [rng.uniform(0.5, 1.5, (m, 1, 1)), rng.standard_normal((m, 1, 1)),
+                  rng.standard_normal((m, 1, 1)), rng.uniform(0.5, 1.5, (m, 1, 1))]
+        y = g.relu(g.op("BatchNorm", y, *(g.const(a.astype(F32)) for a in params)))
+    g.output(y)
+    return g.build()
+
+
+def with_algo(graph: Graph, algo: str) -> FusedGraph:
+    fused = FusedGraph.singletons(graph)
+    return fused.with_groups([replace(grp, schedule={"conv_algo": algo}) for grp in fused.groups])
+
+
+def interleaved(fns: dict[str, Callable[[], object]], rounds: int, min_s: float = 0.05) -> dict[str, tuple[float, float]]:
+    """Median and IQR (ms) of each callable, timed in interleaved rounds; each sample repeats the
+    call until ``min_s`` has passed (at least once)."""
+    for fn in fns.values():
+        fn()  # warm-up
+    reps: dict[str, int] = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        fn()
+        reps[name] = max(1, int(min_s / max(time.perf_counter() - t0, 1e-6)))
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(reps[name]):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / reps[name] * 1e3)
+    out = {}
+    for name, s in samples.items():
+        q = statistics.quantiles(s, n=4) if len(s) >= 2 else [s[0]] * 3
+        out[name] = (statistics.median(s), q[2] - q[0])
+    return out
+
+
+def bench_algos(rounds: int, quick: bool) -> None:
+    print(f"{'shape':32s} {'im2col ms':>14s} {'direct ms':>14s} {'numpy ms':>14s}  winner  rule")
+    ref = get_op("Conv").reference
+    for label, c, h, m, k, s, grp in SHAPES:
+        if quick and label not in QUICK:
+            continue
+        graph = conv_graph(c, h, m, k, s, grp)
+        x = np.random.default_rng(1).standard_normal((1, c, h, h)).astype(F32)
+        progs = {a: build_program(with_algo(graph, a)) for a in ("im2col", "direct")}
+        conv = graph.nodes[0]
+        wv = graph.constants[conv.inputs[1]]
+        attrs = {**get_op("Conv").attrs, **conv.attrs}
+        want = progs["im2col"].run({"x": x})[graph.outputs[0]].copy()
+        got = progs["direct"].run({"x": x})[graph.outputs[0]]
+        assert np.allclose(got, want, rtol=1e-3, atol=1e-4), label
+        res = interleaved({
+            "im2col": lambda p=progs["im2col"], x=x: p.run({"x": x}),
+            "direct": lambda p=progs["direct"], x=x: p.run({"x": x}),
+            "numpy": lambda a=attrs, x=x, w=wv: ref(a, x, w),
+        }, rounds)
+        winner = min(("im2col", "direct"), key=lambda a: res[a][0])
+        rule = choose_conv_algo(c // grp, m // grp, k, k)
+        cell = {a: f"{res[a][0]:8.2f} ±{res[a][1]:4.2f}" for a in res}
+        print(f"{label:32s} {cell['im2col']:>14s} {cell['direct']:>14s} {cell['numpy']:>14s}  {winner:6s}  {rule}")
+
+
+def bench_fused(rounds: int, quick: bool) -> None:
+    print(f"\n{'Conv+BN+Relu':32s} {'fused ms':>14s} {'unfused ms':>14s}  kernels  speedup")
+    on = FusionConfig.resolve()
+    off = FusionConfig.resolve(all_switch={"GraphFusion": False, "UBFusion": False})
+    for label, c, h, m, k, s, grp in SHAPES:
+        if quick and label not in QUICK:
+            continue
+        graph = conv_graph(c, h, m, k, s, grp, bn_relu=True)
+        x = np.random.default_rng(1).standard_normal((1, c, h, h)).astype(F32)
+        fused = build_program(run_pipeline(graph, on).fused)
+        unfused = build_program(run_pipeline(graph, off).fused)
+        res = interleaved({"fused": lambda p=fused, x=x: p.run({"x": x}), "unfused": lambda p=unfused, x=x: p.run({"x": x})}, rounds)
+        cell = {a: f"{res[a][0]:8.2f} ±{res[a][1]:4.2f}" for a in res}
+        kernels = f"{fused.kernel_count} vs {unfused.kernel_count}"
+        print(f"{label:32s} {cell['fused']:>14s} {cell['unfused']:>14s}  {kernels:7s}  {res['unfused'][0] / res['fused'][0]:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="three shapes only")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--only", choices=("algos", "fused"), default=None)
+    args = ap.parse_args()
+    if args.only != "fused":
+        bench_algos(args.rounds, args.quick)
+    if args.only != "algos":
+        bench_fused(args.rounds, args.quick)
+
+
+if __name__ == "__main__":
+    main()

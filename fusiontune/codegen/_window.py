@@ -1,0 +1,71 @@
+"""Sliding-window geometry shared by the Conv and Pool kernels (ONNX indexing, NCHW).
+
+A 1-D op (N, C, L) runs as a 2-D one with H = 1: the runtime passes every buffer reshaped to the
+4-D view a kernel declares, so the generated code only ever sees (N, C, H, W).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fusiontune.codegen.common import NotFusable
+from fusiontune.ir.ops import window_attrs
+
+
+@dataclass(frozen=True)
+class Window:
+    """One sliding window over a 2-D (or 1-D as H = 1) input.
+
+    Attributes:
+        n, c, h, w: input dims; oh, ow: output spatial dims; kh, kw: window size.
+        sh, sw: strides; ph, pw: begin pads; pe_h, pe_w: end pads; dh, dw: dilations.
+    """
+
+    n: int
+    c: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    pe_h: int
+    pe_w: int
+    dh: int
+    dw: int
+
+
+def window_of(attrs: Mapping[str, Any], x: Sequence[int], kernel: Sequence[int], out: Sequence[int]) -> Window:
+    """The 2-D window of a Conv / Pool node over input ``x`` with output ``out``.
+
+    Raises:
+        NotFusable: a 3-D (or higher) op; only 1-D and 2-D ones have kernels.
+    """
+    spatial = len(x) - 2
+    if spatial not in (1, 2):
+        raise NotFusable(f"{spatial}-D windows have no kernel (1-D and 2-D only)")
+    strides, pads, dil = window_attrs(attrs, spatial)
+    if spatial == 1:
+        return Window(x[0], x[1], 1, x[2], 1, out[2], 1, kernel[0], 1, strides[0], 0, pads[0], 0, pads[1], 1, dil[0])
+    return Window(
+        x[0], x[1], x[2], x[3], out[2], out[3], kernel[0], kernel[1], strides[0], strides[1],
+        pads[0], pads[1], pads[2], pads[3], dil[0], dil[1],
+    )
+
+
+def col_range(win: Window, indent: str, kw: str = "kw") -> list[str]:
+    """Statements setting ``off``, ``lo``, ``hi``: output columns ``lo <= ow < hi`` read input
+    column ``ow * sw + off`` inside ``[0, W)`` for window column ``kw``."""
+    return [
+        f"{indent}off = {kw} * {win.dw} - {win.pw}",
+        f"{indent}lo = 0 if off >= 0 else (-off + {win.sw - 1}) // {win.sw}",
+        f"{indent}hi = ({win.w - 1} - off) // {win.sw} + 1 if off <= {win.w - 1} else 0",
+        f"{indent}hi = min(hi, {win.ow})",
+        f"{indent}lo = min(lo, hi)",
+    ]

@@ -1,0 +1,341 @@
+"""Conv kernels (ONNX Conv, NCHW, 1-D and 2-D): im2col + BLAS, or a direct loop nest, with the
+fused epilogue applied to each output block while it is in cache.
+
+Two algorithms, one epilogue:
+
+* ``im2col``: the output is cut into blocks of whole output rows, one block per (image, group,
+  row block) task of a ``prange``. A task copies the input patches of its block into a scratch
+  ``col`` matrix (K = C/group * kh * kw rows, one column per output position), multiplies the
+  group's weight matrix (M/group x K) by it with one BLAS GEMM (codegen/blas.py) into a scratch
+  block, and runs the epilogue over that block while it is in cache. ``col`` is sized to stay in
+  L2 (:data:`COL_BYTES`); the split point ``ConvOutputSplitFusionPass.rows`` (schedule key
+  ``conv_rows``) sets the rows per block instead.
+* ``direct``: one task per (image, group, block of :data:`DIRECT_MB` output channels, output row);
+  it accumulates ``acc[j, ow] += w[m, c, kh, kw] * x[n, c, ih, ow * sw + off]`` over the input
+  channels and taps, the inner loop running over the output row (contiguous loads at stride 1,
+  so LLVM vectorizes it), then applies the epilogue to the row.
+
+Which one runs: schedule ``conv_algo`` ("im2col" | "direct") when a pass set it
+(ConvOutputSplitFusionPass.algo), else :func:`choose_conv_algo`. Measured with
+benchmarks/bench_conv.py on this machine (2-core Xeon, 2 MiB L2 per core, shared), float32,
+batch 1, medians of 5 interleaved rounds, ``NUMBA_NUM_THREADS=1`` (per-core cost; with 2 threads
+the machine's other load quantized every parallel kernel to ~7-8 ms and hid the difference):
+
+    shape                          im2col   direct   numpy ref   (ms)
+    stem 7x7 s2 3->64 @224           4.88    40.05     7.21
+    3x3 64->64 @56                   3.05     6.37     6.05
+    1x1 64->256 @56                  1.02     1.71     1.06
+    1x1 256->64 @56                  1.21     3.30     1.81
+    3x3 s2 128->128 @56              2.36    35.44     3.93
+    1x1 s2 256->512 @56              1.61    49.77     2.02
+    3x3 256->256 @14                 2.24    19.42     2.24
+    3x3 512->512 @7                  3.17    16.37     2.76
+    depthwise 3x3 32 @112            1.83     0.36     3.00
+    depthwise 3x3 s2 96 @112         0.60     0.37     7.99
+    depthwise 3x3 256 @28            1.14     0.42     6.29
+    grouped 3x3 g32 256->256 @28     1.19     4.37     2.20
+
+im2col wins every dense and grouped conv (2x to 30x; the direct kernel has no register blocking
+over channels, and at stride 2 its loads are strided); direct wins every depthwise conv (2.7x to
+5x): there the GEMM is a (1 x 9) by (9 x P) product, so the BLAS call and the patch copy cost
+more than the arithmetic.
+
+``choose_conv_algo`` encodes the result: depthwise and other thin-group convolutions (K =
+C/group * kh * kw below :data:`DIRECT_MAX_K`, or fewer than :data:`DIRECT_MAX_MG` output
+channels per group) run direct; everything else runs im2col. The K threshold sits between the
+measured depthwise (K = 9) and grouped (K = 72) cases; shapes in between were not measured.
+
+The epilogue: every other node of the group is an elementwise op of ``rules.SCALAR_RULES``
+(bias, Relu, Clip, LeakyRelu, HardSwish, a residual Add of a same-shape tensor, an unfolded
+BatchNorm...) over values that broadcast to the conv output as (N or 1, M or 1, all spatial or
+none). ``math="approx"`` writes its transcendentals as codegen/numerics.py's approximations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numba
+import numpy as np
+
+from fusiontune.codegen._window import Window, col_range, window_of
+from fusiontune.codegen.blas import gemm_name
+from fusiontune.codegen.common import (
+    PARALLEL_MIN_ELEMENTS,
+    ArgSpec,
+    KernelSource,
+    Lowered,
+    NotFusable,
+    align,
+    decorator,
+    kernel_header,
+)
+from fusiontune.codegen.rules import SCALAR_RULES, literal, scalar_expr
+from fusiontune.ir.graph import Node, Shape
+from fusiontune.ir.ops import get_op
+
+CONV_ALGOS = ("im2col", "direct")
+"""Values of a group's ``schedule["conv_algo"]`` (absent: :func:`choose_conv_algo` decides)."""
+
+COL_BYTES = 512 * 1024
+"""Target size of an im2col task's patch matrix: well inside this machine's 2 MiB L2 per core."""
+DIRECT_MB = 4
+"""Output channels a direct task accumulates together (each input row it loads serves all of them)."""
+DIRECT_MAX_K = 32
+"""A conv whose reduction length C/group * kh * kw is below this runs direct (depthwise 3x3: 9)."""
+DIRECT_MAX_MG = 4
+"""A conv with fewer output channels per group than this runs direct (the GEMM would be too thin)."""
+
+
+def choose_conv_algo(cg: int, mg: int, kh: int, kw: int) -> str:
+    """The algorithm the measurements favour for a conv with ``cg`` input and ``mg`` output
+    channels per group and a ``kh x kw`` kernel (see the module docstring)."""
+    if cg * kh * kw < DIRECT_MAX_K or mg < DIRECT_MAX_MG:
+        return "direct"
+    return "im2col"
+
+
+def _epilogue_view(shape: Shape, out: Shape) -> tuple[int, int, int] | None:
+    """The (N, M, P) view of an epilogue array over the conv output ``out`` (P: flattened
+    spatial), or None when it broadcasts over part of the spatial dims only."""
+    s = align(shape, len(out))
+    if len(shape) > len(out) or any(d not in (1, o) for d, o in zip(s, out, strict=True)):
+        return None
+    sp, osp = s[2:], out[2:]
+    p = int(np.prod(osp))
+    if tuple(sp) == tuple(osp):
+        pv = p
+    elif all(d == 1 for d in sp):
+        pv = 1
+    else:
+        return None
+    return (s[0], s[1], pv)
+
+
+def _find_conv(low: Lowered) -> tuple[Node, list[Node]]:
+    convs = [n for n in low.nodes if n.op == "Conv"]
+    if len(convs) != 1:
+        raise NotFusable("a conv kernel holds exactly one Conv")
+    conv = convs[0]
+    epi = [n for n in low.nodes if n is not conv]
+    produced = {o for n in epi for o in n.outputs}
+    if any(i in produced for i in conv.inputs):
+        raise NotFusable("a conv kernel has no prologue: the Conv's inputs come from outside")
+    for n in epi:
+        if n.op not in SCALAR_RULES:
+            raise NotFusable(f"{n.op} cannot be a Conv epilogue")
+    return conv, epi
+
+
+def generate_conv_kernel(
+    low: Lowered,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    name: str,
+    schedule: Mapping[str, Any] | None = None,
+    approx: bool = False,
+) -> KernelSource:
+    """Generate Conv (+ bias) + elementwise epilogue as one kernel.
+
+    Args:
+        low: the group's nodes and constants.
+        inputs: external values read; outputs: values written.
+        name: the function name.
+        schedule: ``conv_algo`` ("im2col" | "direct") and ``conv_rows`` (output rows per
+            im2col block, 0: sized to :data:`COL_BYTES`).
+        approx: the epilogue's transcendentals as numerics.py's approximations.
+
+    Raises:
+        NotFusable: not exactly one Conv, a 3-D conv, mixed or unsupported dtypes, an epilogue op
+            that is not elementwise over the conv output, or a value the kernel cannot index.
+        ValueError: an unknown ``conv_algo``.
+    """
+    schedule = schedule or {}
+    conv, epi = _find_conv(low)
+    x, w = conv.inputs[0], conv.inputs[1]
+    bias = conv.inputs[2] if len(conv.inputs) == 3 else None
+    y = conv.outputs[0]
+    oshape = low.values[y].shape
+    dtype = low.values[y].dtype
+    if low.values[x].dtype != dtype or low.values[w].dtype != dtype or dtype not in ("float32", "float64"):
+        raise NotFusable("Conv needs float32 or float64 operands of one dtype")
+    if bias is not None and low.values[bias].dtype != dtype:
+        raise NotFusable("Conv bias must have the operands' dtype")
+    attrs = {**get_op("Conv").attrs, **conv.attrs}
+    wshape = low.values[w].shape
+    win = window_of(attrs, low.values[x].shape, wshape[2:], oshape)
+    group = int(attrs.get("group", 1))
+    M = wshape[0]
+    CG, MG = win.c // group, M // group
+    K = CG * win.kh * win.kw
+    P = win.oh * win.ow
+    algo = schedule.get("conv_algo") or choose_conv_algo(CG, MG, win.kh, win.kw)
+    if algo not in CONV_ALGOS:
+        raise ValueError(f"schedule conv_algo={algo!r}: expected one of {CONV_ALGOS}")
+
+    for n in epi:
+        for v in (*n.inputs, *n.outputs):
+            if v not in low.scalars and _epilogue_view(low.values[v].shape, oshape) is None:
+                raise NotFusable(f"epilogue value {v} {low.values[v].shape} does not broadcast to {oshape}")
+    for o in outputs:
+        if low.values[o].shape != oshape:
+            raise NotFusable(f"output {o} is not of the Conv's shape")
+    operands = {x, w} | ({bias} if bias else set())
+    ext = [v for v in inputs if v not in operands]
+    operand_reads = [v for v in dict.fromkeys(conv.inputs) if any(v in n.inputs for n in epi)]
+    epi_key = {v: f"{v}#epilogue" for v in operand_reads}
+    views: dict[str, Shape] = {x: (win.n, win.c, win.h, win.w)}
+    views[w] = (group, MG, K) if algo == "im2col" else (M, CG, win.kh, win.kw)
+    if bias is not None:
+        views[bias] = (M,)
+    for v in (*ext, *operand_reads, *outputs):
+        view = _epilogue_view(low.values[v].shape, oshape)
+        if view is None:
+            raise NotFusable(f"epilogue array {v} {low.values[v].shape} has no view over {oshape}")
+        views[epi_key.get(v, v)] = view
+    args = [ArgSpec(v, views[v], low.values[v].dtype, "in") for v in inputs]
+    args += [ArgSpec(v, views[epi_key[v]], low.values[v].dtype, "in") for v in operand_reads]
+    args += [ArgSpec(v, views[v], low.values[v].dtype, "out") for v in outputs]
+    keys = [*inputs, *(epi_key[v] for v in operand_reads), *outputs]
+    an = {k: f"a{i}" for i, k in enumerate(keys)}
+
+    def at(key: str) -> str:
+        vn, vm, vp = views[key]
+        return f"{an[key]}[{'n' if vn != 1 else '0'}, {'m' if vm != 1 else '0'}, {'p' if vp != 1 else '0'}]"
+
+    # The epilogue, as statements over locals; `acc` holds the conv result element at (n, m, p).
+    var: dict[str, str] = {s: literal(val, low.values[s].dtype) for s, val in low.scalars.items()}
+    var[y] = "acc"
+    body: list[str] = []
+    if bias is not None:
+        body.append(f"acc = acc + {an[bias]}[m]")
+    reads = {i for n in epi for i in n.inputs}
+    for v in ext:
+        if v in reads and v not in low.scalars:
+            var[v] = f"e_{an[v]}"
+            body.append(f"{var[v]} = {at(v)}")
+    for v in operand_reads:
+        var[v] = f"e_{an[epi_key[v]]}"
+        body.append(f"{var[v]} = {at(epi_key[v])}")
+    for i, n in enumerate(epi):
+        dt = low.values[n.outputs[0]].dtype
+        lit_dt = dt if dt != "bool" else dtype
+        var[n.outputs[0]] = f"v{i}"
+        expr = scalar_expr(n.op, [var[i_] for i_ in n.inputs], {**get_op(n.op).attrs, **n.attrs},
+                           lambda c, d=lit_dt: literal(c, d), dt, approx)
+        body.append(f"v{i} = {expr}")
+    for o in outputs:
+        body.append(f"{at(o)} = {var[o]}")
+
+    parallel = win.n * M * P * K >= PARALLEL_MIN_ELEMENTS * 8
+    lines = [decorator(args, parallel=parallel, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
+    ax, aw = an[x], an[w]
+    if algo == "im2col":
+        rows = int(schedule.get("conv_rows", 0)) or _im2col_rows(win, K, group, np.dtype(dtype).itemsize)
+        lines += _im2col_body(win, group, CG, MG, K, min(rows, win.oh), dtype, ax, aw, body, parallel)
+        imports = ["from fusiontune.codegen.blas import gemm32, gemm64"]
+    else:
+        lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
+        imports = []
+    code = "\n".join(lines) + "\n"
+    source = kernel_header(code, imports) + code
+    nbytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in args)
+    flops = 2 * win.n * M * P * K + win.n * M * P * (len(epi) + (bias is not None))
+    return KernelSource(name, source, tuple(args), "conv", nbytes, flops)
+
+
+def _im2col_rows(win: Window, k: int, group: int, itemsize: int) -> int:
+    """Output rows per im2col block: the patch matrix within :data:`COL_BYTES`, and enough
+    blocks to keep every thread busy."""
+    rows = max(1, COL_BYTES // max(1, k * win.ow * itemsize))
+    threads = numba.config.NUMBA_NUM_THREADS
+    tasks = win.n * group
+    if tasks < 2 * threads:
+        rows = min(rows, max(1, -(-win.oh // -(-2 * threads // tasks))))
+    return rows
+
+
+def _epilogue_lines(body: Sequence[str], indent: str) -> list[str]:
+    return [indent + s for s in body]
+
+
+def _im2col_body(win: Window, group: int, cg: int, mg: int, k: int, rows: int, dtype: str, ax: str, aw: str,
+                 body: Sequence[str], parallel: bool) -> list[str]:
+    nblk = -(-win.oh // rows)
+    prange = "numba.prange" if parallel else "range"
+    gemm = gemm_name(dtype)
+    out = [
+        f"    for t in {prange}({win.n * group * nblk}):",
+        f"        n = t // {group * nblk}",
+        f"        g = (t // {nblk}) % {group}",
+        f"        r0 = (t % {nblk}) * {rows}",
+        f"        r1 = min(r0 + {rows}, {win.oh})",
+        f"        pl = (r1 - r0) * {win.ow}",
+        f"        col = np.empty(({k}, pl), dtype=np.{dtype})",
+        f"        for c in range({cg}):",
+        f"            ci = g * {cg} + c",
+        f"            for kh in range({win.kh}):",
+        f"                for kw in range({win.kw}):",
+        f"                    kk = (c * {win.kh} + kh) * {win.kw} + kw",
+        *col_range(win, "                    "),
+        "                    for oh in range(r0, r1):",
+        f"                        ih = oh * {win.sh} - {win.ph} + kh * {win.dh}",
+        f"                        q = (oh - r0) * {win.ow}",
+        f"                        if ih < 0 or ih >= {win.h}:",
+        f"                            for ow in range({win.ow}):",
+        "                                col[kk, q + ow] = 0.0",
+        "                        else:",
+        "                            for ow in range(lo):",
+        "                                col[kk, q + ow] = 0.0",
+        "                            for ow in range(lo, hi):",
+        f"                                col[kk, q + ow] = {ax}[n, ci, ih, ow * {win.sw} + off]",
+        f"                            for ow in range(hi, {win.ow}):",
+        "                                col[kk, q + ow] = 0.0",
+        f"        blk = np.empty(({mg}, pl), dtype=np.{dtype})",
+        f"        {gemm}({aw}[g], col, blk)",
+        f"        p0 = r0 * {win.ow}",
+        f"        for mm in range({mg}):",
+        f"            m = g * {mg} + mm",
+        "            for q in range(pl):",
+        "                p = p0 + q",
+        "                acc = blk[mm, q]",
+        *_epilogue_lines(body, "                "),
+    ]
+    return out
+
+
+def _direct_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, aw: str,
+                 body: Sequence[str], parallel: bool) -> list[str]:
+    mb = min(DIRECT_MB, mg)
+    mblk = -(-mg // mb)
+    prange = "numba.prange" if parallel else "range"
+    return [
+        f"    for t in {prange}({win.n * group * mblk * win.oh}):",
+        f"        oh = t % {win.oh}",
+        f"        u = t // {win.oh}",
+        f"        m0 = (u % {mblk}) * {mb}",
+        f"        u = u // {mblk}",
+        f"        g = u % {group}",
+        f"        n = u // {group}",
+        f"        nm = min({mb}, {mg} - m0)",
+        f"        acc_row = np.zeros(({mb}, {win.ow}), dtype=np.{dtype})",
+        f"        for c in range({cg}):",
+        f"            ci = g * {cg} + c",
+        f"            for kh in range({win.kh}):",
+        f"                ih = oh * {win.sh} - {win.ph} + kh * {win.dh}",
+        f"                if ih < 0 or ih >= {win.h}:",
+        "                    continue",
+        f"                for kw in range({win.kw}):",
+        *col_range(win, "                    "),
+        "                    for j in range(nm):",
+        f"                        wv = {aw}[g * {mg} + m0 + j, c, kh, kw]",
+        "                        for ow in range(lo, hi):",
+        f"                            acc_row[j, ow] += wv * {ax}[n, ci, ih, ow * {win.sw} + off]",
+        "        for j in range(nm):",
+        f"            m = g * {mg} + m0 + j",
+        f"            for ow in range({win.ow}):",
+        f"                p = oh * {win.ow} + ow",
+        "                acc = acc_row[j, ow]",
+        *_epilogue_lines(body, "                "),
+    ]

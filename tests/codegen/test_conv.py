@@ -1,0 +1,150 @@
+"""Conv kernels (codegen/conv.py): both algorithms agree with the reference; the epilogue is fused.
+
+Every kernel here is checked against the float64 interpreter of the same graph (the numpy
+reference in ir/ops.py defines Conv). Shapes are small: each case compiles one or two kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from fusiontune.codegen import NotFusable, kernel_source
+from fusiontune.codegen.conv import choose_conv_algo
+from fusiontune.ir import Graph, GraphBuilder, Tensor, run_graph
+from fusiontune.passes.fused_graph import FusedGraph, Group
+from fusiontune.runtime import build_program
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _const(g: GraphBuilder, shape: tuple[int, ...], seed: int, positive: bool = False) -> Tensor:
+    rng = np.random.default_rng(seed)
+    arr = rng.uniform(0.5, 1.5, shape) if positive else rng.standard_normal(shape)
+    return g.const(arr.astype(np.float32))
+
+
+def _graph(build: Callable[[GraphBuilder], Tensor | tuple[Tensor, ...]]) -> Graph:
+    g = GraphBuilder("conv_test")
+    out = build(g)
+    g.output(*(out if isinstance(out, tuple) else (out,)))
+    return g.build()
+
+
+def _one_kernel(graph: Graph, schedule: dict[str, object] | None = None) -> FusedGraph:
+    """The whole graph as one group (one kernel) with ``schedule``."""
+    names = tuple(n.name for n in graph.nodes)
+    return FusedGraph(graph, (Group("all", names, (), schedule or {}),))
+
+
+def _check(graph: Graph, schedule: dict[str, object] | None = None, seed: int = 0) -> None:
+    prog = build_program(_one_kernel(graph, schedule))
+    assert prog.kernel_count == 1
+    rng = np.random.default_rng(seed)
+    inputs = {n: rng.standard_normal(graph.values[n].shape).astype(np.float32) for n in graph.inputs}
+    got = prog.run(inputs)
+    want = run_graph(graph, inputs, dtype="float64")
+    for name in graph.outputs:
+        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+# (x shape, w shape, attrs, bias)
+GRID = {
+    "3x3_pad1": ((2, 5, 9, 8), (6, 5, 3, 3), {"pads": (1, 1, 1, 1)}, True),
+    "3x3_s2_asym": ((1, 4, 10, 9), (8, 4, 3, 3), {"strides": (2, 2), "pads": (0, 1, 1, 0)}, False),
+    "group3_dilated": ((2, 6, 9, 9), (9, 2, 3, 3), {"group": 3, "dilations": (2, 1), "pads": (2, 1, 2, 1)}, True),
+    "depthwise_s2": ((1, 8, 11, 11), (8, 1, 3, 3), {"group": 8, "strides": (2, 2), "pads": (1, 1, 1, 1)}, True),
+    "1x1": ((2, 16, 7, 7), (12, 16, 1, 1), {}, False),
+    "5x5_wide_stride": ((1, 3, 12, 13), (4, 3, 5, 5), {"strides": (3, 2), "pads": (2, 2, 2, 2)}, True),
+    "1d": ((2, 4, 20), (6, 4, 5), {"pads": (2, 1), "strides": (2,)}, True),
+}
+
+
+@pytest.mark.parametrize("algo", ["im2col", "direct"])
+@pytest.mark.parametrize("case", list(GRID))
+def test_conv_algorithm_matches_reference(case: str, algo: str) -> None:
+    xs, ws, attrs, bias = GRID[case]
+
+    def build(g: GraphBuilder) -> Tensor:
+        ins = [g.input("x", xs), _const(g, ws, 1)] + ([_const(g, (ws[0],), 2)] if bias else [])
+        return g.op("Conv", *ins, **attrs)
+
+    _check(_graph(build), {"conv_algo": algo})
+
+
+def test_im2col_row_blocks_of_one_row_match_reference() -> None:
+    """``conv_rows`` (ConvOutputSplitFusionPass) cuts the output into more, smaller blocks."""
+    graph = _graph(lambda g: g.relu(g.op("Conv", g.input("x", (1, 3, 7, 6)), _const(g, (4, 3, 3, 3), 1), pads=(1, 1, 1, 1))))
+    src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "im2col", "conv_rows": 1})
+    assert "for t in range(7)" in src.source or "prange(7)" in src.source
+    _check(graph, {"conv_algo": "im2col", "conv_rows": 1})
+
+
+def _bn(g: GraphBuilder, y: Tensor, m: int) -> Tensor:
+    return g.op(
+        "BatchNorm", y, _const(g, (m, 1, 1), 3, True), _const(g, (m, 1, 1), 4),
+        _const(g, (m, 1, 1), 5), _const(g, (m, 1, 1), 6, True),
+    )
+
+
+def _epilogue_block(g: GraphBuilder) -> tuple[Tensor, ...]:
+    """Conv -> unfolded BatchNorm -> residual Add -> Relu, plus Clip and HardSwish side outputs."""
+    x = g.input("x", (2, 4, 6, 6))
+    res = g.input("res", (2, 6, 6, 6))
+    y = g.op("Conv", x, _const(g, (6, 4, 3, 3), 1), _const(g, (6,), 2), pads=(1, 1, 1, 1))
+    r = g.relu(g.add(_bn(g, y, 6), res))
+    return r, g.op("Clip", r, min=0.0, max=1.5), g.op("HardSwish", y)
+
+
+@pytest.mark.parametrize("algo", ["im2col", "direct"])
+def test_conv_epilogue_bn_residual_relu_clip_hardswish(algo: str) -> None:
+    graph = _graph(_epilogue_block)
+    src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": algo})
+    assert src.kind == "conv"
+    assert len([a for a in src.args if a.role == "out"]) == 3
+    _check(graph, {"conv_algo": algo})
+
+
+def test_conv_epilogue_reads_the_conv_input_and_a_per_channel_scale() -> None:
+    """``conv(x) * s + x``: the epilogue reads the conv's own input over the output's domain."""
+
+    def build(g: GraphBuilder) -> Tensor:
+        x = g.input("x", (1, 4, 5, 5))
+        y = g.op("Conv", x, _const(g, (4, 4, 3, 3), 1), pads=(1, 1, 1, 1))
+        return g.add(g.mul(y, _const(g, (1, 4, 1, 1), 7)), x)
+
+    _check(_graph(build))
+
+
+def test_conv_epilogue_approx_math_stays_close() -> None:
+    graph = _graph(lambda g: g.gelu(g.op("Conv", g.input("x", (1, 3, 6, 6)), _const(g, (4, 3, 3, 3), 1))))
+    src = kernel_source(graph, [n.name for n in graph.nodes], {"math": "approx"})
+    assert "erf_approx(" in src.source
+    _check(graph, {"math": "approx"})
+
+
+def test_conv_kernel_refuses_3d_prologue_and_partial_broadcast() -> None:
+    g3 = _graph(lambda g: g.op("Conv", g.input("x", (1, 2, 4, 4, 4)), _const(g, (2, 2, 1, 1, 1), 1)))
+    with pytest.raises(NotFusable, match="3-D"):
+        kernel_source(g3, [n.name for n in g3.nodes])
+    pro = _graph(lambda g: g.op("Conv", g.relu(g.input("x", (1, 2, 4, 4))), _const(g, (2, 2, 1, 1), 1)))
+    with pytest.raises(NotFusable, match="prologue"):
+        kernel_source(pro, [n.name for n in pro.nodes])
+    part = _graph(lambda g: g.add(g.op("Conv", g.input("x", (1, 2, 4, 4)), _const(g, (2, 2, 1, 1), 1)), g.input("r", (4, 1))))
+    with pytest.raises(NotFusable, match="broadcast"):
+        kernel_source(part, [n.name for n in part.nodes])
+
+
+def test_conv_algo_rule_direct_for_depthwise_im2col_for_dense() -> None:
+    assert choose_conv_algo(1, 1, 3, 3) == "direct"  # depthwise
+    assert choose_conv_algo(64, 64, 3, 3) == "im2col"
+    assert choose_conv_algo(256, 64, 1, 1) == "im2col"
+    assert choose_conv_algo(8, 8, 3, 3) == "im2col"  # grouped, 72-long reduction
+
+
+def test_unknown_conv_algo_is_an_error() -> None:
+    graph = _graph(lambda g: g.op("Conv", g.input("x", (1, 2, 4, 4)), _const(g, (2, 2, 1, 1), 1)))
+    with pytest.raises(ValueError, match="conv_algo"):
+        kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "winograd"})
