@@ -68,6 +68,11 @@ FOCUS: dict[str, tuple[str, str | None]] = {
     "TbeMultiOutputFusionPass": ("branch", None),
     "TbeEltwiseSplitFusionPass": ("binary", None),
     "MatMulRowSplitFusionPass": ("matmul", "bias_input"),
+    "ConvBatchnormFusionPass": ("conv", "bn"),
+    "ConvBiasAddFusionPass": ("conv", "bias"),
+    "TbeConvElemwiseFusionPass": ("conv", "relu"),
+    "ConvOutputSplitFusionPass": ("conv", "relu"),
+    "FlashAttentionFusionPass": ("attention", "mask"),
 }
 
 
@@ -298,6 +303,43 @@ class _Writer:
             y = g.add(y, r) if self.draw(st.booleans()) else g.add(r, y)
         self.set(y)
 
+    def conv(self, kind: str | None = None) -> None:
+        """The current (..., R, C) tensor as an NCHW image (1, R', 1, C), through a width-3 Conv
+        (dense or depthwise, same width) and its CNN neighbours, and back to its shape."""
+        g, t = self.g, self.cur
+        r, c = int(np.prod(t.shape[:-1])), t.shape[-1]
+        x = g.reshape(t, (1, r, 1, c))
+        group = r if self.draw(st.booleans()) else 1
+        w = self.const((r, r // group, 1, 3), scale=1.0 / np.sqrt(3 * r // group))
+        y = g.op("Conv", x, w, pads=(0, 1, 0, 1), group=group)
+        kind = self.pick(["bn", "bias", "relu", "residual"], kind)
+        if kind == "bn" or self.draw(st.booleans()):
+            p = [self.const((r, 1, 1), positive=True), self.const((r, 1, 1)), self.const((r, 1, 1)),
+                 self.const((r, 1, 1), positive=True)]
+            y = g.op("BatchNorm", y, *p)
+        if kind == "bias":
+            y = g.add(y, self.const(self.draw(st.sampled_from([(r, 1, 1), (1, r, 1, 1)]))))
+        if kind == "residual":
+            y = g.add(y, self.partner(y))
+        y = g.relu(y) if kind == "relu" or self.draw(st.booleans()) else g.op("Clip", y, min=-1.0, max=1.0)
+        self.set(g.reshape(y, t.shape))
+
+    def attention(self, kind: str | None = None) -> None:
+        """Self-attention of the current (..., R, C) tensor over constant keys and values:
+        MatMul(q, Transpose(k)), a scale, an optional additive mask, Softmax (fused or
+        decomposed), MatMul with v: what FlashAttentionFusionPass turns into one Attention node."""
+        g, t = self.g, self.cur
+        rank = len(t.shape)
+        perm = (*range(rank - 2), rank - 1, rank - 2)
+        k, v = self.const(t.shape), self.const(t.shape)
+        s = g.mul(g.matmul(t, g.transpose(k, perm)), float(1.0 / np.sqrt(t.shape[-1])))
+        kind = self.pick(["plain", "mask"], kind)
+        if kind == "mask":
+            s = g.add(s, self.const(s.shape[-2:]))
+        p = g.softmax(s) if self.draw(st.booleans()) else g.softmax_decomposed(s)
+        self.matmul_operands.add(t.name)
+        self.set(g.matmul(p, v))
+
     def pattern(self, kind: str | None = None) -> None:
         g, t = self.g, self.cur
         n = t.shape[-1]
@@ -360,6 +402,8 @@ STEPS = (
     "branch",
     "matmul",
     "matmul",
+    "conv",
+    "attention",
     "pattern",
     "pattern",
     "pattern",
@@ -393,6 +437,8 @@ split_points = st.fixed_dictionaries(
         "TbeEltwiseSplitFusionPass.cut": st.sampled_from([0, 1, 2, 3, 4]),
         "MatMulRowSplitFusionPass.row_block": st.sampled_from([0, 1, 2, 3, 7, 64]),
         "NormSplitFusionPass.stats": st.sampled_from([0, 1]),
+        "ConvOutputSplitFusionPass.rows": st.sampled_from([0, 1]),
+        "ConvOutputSplitFusionPass.algo": st.sampled_from([0, 1, 2]),
     }
 )
 
@@ -461,6 +507,7 @@ def _fires(graph: Graph, pass_name: str) -> bool:
         "TbeEltwiseSplitFusionPass.cut": 1,
         "NormSplitFusionPass.stats": 1,
         "MatMulRowSplitFusionPass.row_block": 2,
+        "ConvOutputSplitFusionPass.rows": 1,
     }
     # Alone, every group is a single node and there is nothing to cut: cut the default groups.
     config = (

@@ -1,13 +1,14 @@
 """Choose the kernel template for a group and generate its source.
 
-A group with a MatMul is a contraction kernel; a single layout node is a layout kernel; anything
-else is a loop nest. UBFusion passes ask :func:`check_fusable` before they merge groups, so every
-group they form is one that a template can run as one kernel.
+A group with a MatMul is a contraction kernel, one with a Conv a conv kernel (codegen/conv.py); a
+single layout node is a layout kernel, a single MaxPool / AveragePool a window kernel
+(codegen/pool.py); anything else is a loop nest. UBFusion passes ask :func:`check_fusable` before
+they merge groups, so every group they form is one that a template can run as one kernel.
 
-A group's ``schedule`` carries codegen hints: ``row_block`` (contractions),
-``math="approx"`` (vectorizable exp / tanh / erf, codegen/numerics.py) and
-``precision="float16"|"bfloat16"`` (low-precision emulation in loop nests); see
-:func:`kernel_source`.
+A group's ``schedule`` carries codegen hints: ``row_block`` (contractions), ``conv_algo`` and
+``conv_rows`` (conv kernels), ``math="approx"`` (vectorizable exp / tanh / erf,
+codegen/numerics.py) and ``precision="float16"|"bfloat16"`` (low-precision emulation in loop
+nests); see :func:`kernel_source`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fusiontune.codegen.attention import generate_attention_kernel
 from fusiontune.codegen.common import KernelSource, NotFusable, lower_group
 from fusiontune.codegen.contraction import generate_contraction_kernel
+from fusiontune.codegen.conv import generate_conv_kernel
 from fusiontune.codegen.layout import generate_layout_kernel
 from fusiontune.codegen.loopnest import generate_loop_kernel
-from fusiontune.codegen.rules import LAYOUT_OPS, LOW_PRECISIONS, MATH_MODES, PRECISIONS
+from fusiontune.codegen.pool import generate_pool_kernel
+from fusiontune.codegen.rules import ATTENTION_OPS, LAYOUT_OPS, LOW_PRECISIONS, MATH_MODES, PRECISIONS, WINDOW_OPS
 from fusiontune.ir.graph import Graph
 from fusiontune.passes.fused_graph import FusedGraph, Group
 
@@ -39,8 +43,9 @@ def group_io(graph: Graph, node_names: Sequence[str], readers_outside: dict[str,
         for k, i in enumerate(node.inputs):
             if i not in produced:
                 arr = graph.constants.get(i)
-                # One-element constants become literals, except a MatMul's matrices (a 1x1 weight).
-                operand = node.op == "MatMul" and k < 2
+                # One-element constants become literals, except a MatMul's matrices (a 1x1 weight)
+                # and a Conv's operands (a 1x1x1x1 weight, a bias of one channel).
+                operand = (node.op == "MatMul" and k < 2) or node.op == "Conv"
                 if arr is not None and arr.size == 1 and arr.dtype.kind in "fib" and not operand:
                     continue
                 ins[i] = None
@@ -79,7 +84,16 @@ def kernel_source(graph: Graph, node_names: Sequence[str], schedule: Mapping[str
             raise NotFusable("layout ops run as kernels of their own")
         node = graph.node(node_names[0])
         return generate_layout_kernel(node, dict(graph.values), KERNEL_NAME)
+    if any(op in WINDOW_OPS for op in ops):
+        if len(node_names) != 1:
+            raise NotFusable("pooling ops run as kernels of their own")
+        return generate_pool_kernel(graph.node(node_names[0]), dict(graph.values), KERNEL_NAME)
     low = lower_group(graph, node_names, outputs)
+    if any(op in ATTENTION_OPS for op in ops):
+        # One Attention node alone (codegen/attention.py); ``q_block`` sets its query rows per task.
+        return generate_attention_kernel(low, inputs, outputs, KERNEL_NAME, int(schedule.get("q_block", 0)), approx)
+    if "Conv" in ops:
+        return generate_conv_kernel(low, inputs, outputs, KERNEL_NAME, schedule, approx)
     if "MatMul" in ops:
         return generate_contraction_kernel(low, inputs, outputs, KERNEL_NAME, int(schedule.get("row_block", 0)), approx)
     return generate_loop_kernel(low, inputs, outputs, KERNEL_NAME, approx, low_precision)

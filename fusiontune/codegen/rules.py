@@ -6,8 +6,11 @@ Every op has exactly one rule, found by :func:`rule_kind`:
   variables (``SCALAR_RULES``); the loop-nest generator puts it inside the loops.
 * ``reduce``: a reduction, written as an accumulator (``REDUCE_RULES``).
 * ``expand``: a fused normalization, lowered through its primitive expansion (ir/expand.py).
-* ``contraction``: MatMul, a BLAS call per block with the epilogue applied in cache.
+* ``contraction``: MatMul and Conv, a BLAS call (or, for a thin Conv, a loop nest) per block
+  with the epilogue applied in cache (codegen/contraction.py, codegen/conv.py).
+* ``window``: MaxPool / AveragePool, a sliding-window kernel of its own (codegen/pool.py).
 * ``layout``: a data-movement kernel of its own (codegen/layout.py).
+* ``attention``: the fused Attention op, a flash-attention kernel of its own (codegen/attention.py).
 
 ``tests/codegen/test_op_rules.py`` walks the catalogue and fails when an op has no rule.
 
@@ -193,12 +196,14 @@ REDUCE_RULES: dict[str, tuple[float, tuple[str, ...], str]] = {
     "ReduceMax": (-np.inf, ("{acc} = fmaximum({acc}, {v})",), "{acc}"),
 }
 
-LAYOUT_OPS = ("Reshape", "Transpose", "Concat", "Split", "Slice")
-CONTRACTION_OPS = ("MatMul",)
+LAYOUT_OPS = ("Reshape", "Transpose", "Concat", "Split", "Slice", "Gather")
+CONTRACTION_OPS = ("MatMul", "Conv")
+WINDOW_OPS = ("MaxPool", "AveragePool")  # one kernel per node (codegen/pool.py)
+ATTENTION_OPS = ("Attention",)  # one kernel per node (codegen/attention.py)
 
 
 def rule_kind(op: str) -> str | None:
-    """Which codegen rule covers ``op``: scalar, reduce, expand, contraction, layout, or None."""
+    """Which codegen rule covers ``op``: scalar, reduce, expand, contraction, window, layout, attention, or None."""
     if op in SCALAR_RULES:
         return "scalar"
     if op in REDUCE_RULES:
@@ -207,6 +212,10 @@ def rule_kind(op: str) -> str | None:
         return "expand"
     if op in CONTRACTION_OPS:
         return "contraction"
+    if op in WINDOW_OPS:
+        return "window"
     if op in LAYOUT_OPS:
         return "layout"
+    if op in ATTENTION_OPS:
+        return "attention"
     return None

@@ -490,8 +490,10 @@ def _avg_pool_ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
         padded = np.pad(np.ones((1, 1, *x.shape[2:]), x.dtype), [(0, 0), (0, 0)] + [(pads[i], pads[spatial + i]) for i in range(spatial)], constant_values=1)
         shifted = {**attrs, "pads": (0,) * (2 * spatial)}
         count = _windows(padded, kernel, shifted, 0.0, ceil)
-        # `padded` starts at the explicit begin pad, so its windows line up with those of x.
-        count = count.sum(axis=axes)
+        # `padded` starts at the explicit begin pad, so its windows line up with those of x; without
+        # pads its ceil_mode rule may allow one more window than x's (that window starts in x's end
+        # padding only), so keep x's windows.
+        count = count.sum(axis=axes)[(slice(None), slice(None), *(slice(0, n) for n in total.shape[2:]))]
     else:
         count = _windows(np.ones((1, 1, *x.shape[2:]), x.dtype), kernel, attrs, 0.0, ceil).sum(axis=axes)
     return ((total / count).astype(x.dtype),)

@@ -140,6 +140,95 @@ def _norm_params(g: GraphBuilder, n: int, as_inputs: bool) -> tuple[Tensor, Tens
     return _c(g, (n,), 1, positive=True), _c(g, (n,), 2)
 
 
+CONV_RTOL, CONV_ATOL = 1e-4, 1e-5  # sums of up to 72 products, in another order than einsum's
+
+
+def _conv(g: GraphBuilder, x: tuple[int, ...], w: tuple[int, ...], bias: bool, **attrs: object) -> Tensor:
+    ins = [g.input("x", x), _c(g, w, 8)] + ([_c(g, (w[0],), 9)] if bias else [])
+    return g.op("Conv", *ins, **attrs)
+
+
+def _conv_cases() -> list[OpCase]:
+    """Conv: groups, depthwise, stride 2, asymmetric pads, dilation, 1x1, bias or not, 1-D, float64."""
+    grid = {
+        "3x3_bias": ((2, 3, 7, 6), (4, 3, 3, 3), True, {"pads": (1, 1, 1, 1)}),
+        "nobias_stride2": ((1, 4, 9, 8), (5, 4, 3, 3), False, {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
+        "groups2_asym_pads": ((2, 4, 6, 7), (6, 2, 3, 2), True, {"group": 2, "pads": (0, 1, 2, 0)}),
+        "depthwise": ((1, 6, 8, 8), (6, 1, 3, 3), True, {"group": 6, "pads": (1, 1, 1, 1)}),
+        "depthwise_mult2_s2": ((1, 3, 9, 9), (6, 1, 3, 3), False, {"group": 3, "strides": (2, 2)}),
+        "dilation2": ((1, 3, 9, 10), (4, 3, 3, 3), True, {"dilations": (2, 2), "pads": (2, 2, 2, 2)}),
+        "1x1": ((2, 8, 5, 5), (4, 8, 1, 1), False, {}),
+        "1x1_stride2": ((1, 8, 6, 6), (8, 8, 1, 1), True, {"strides": (2, 2)}),
+        "1d": ((2, 3, 11), (4, 3, 3), True, {"pads": (1, 2)}),
+        "1d_stride2_dilated": ((1, 4, 16), (2, 4, 3), False, {"strides": (2,), "dilations": (3,)}),
+        "weight_1x1x1x1": ((1, 1, 4, 4), (1, 1, 1, 1), True, {}),
+    }
+    cases = [
+        OpCase("Conv", f"Conv-{name}", lambda g, x=x, w=w, b=b, a=a: _conv(g, x, w, b, **a), rtol=CONV_RTOL, atol=CONV_ATOL)
+        for name, (x, w, b, a) in grid.items()
+    ]
+    cases.append(OpCase(
+        "Conv", "Conv-float64", lambda g: _conv(g, (1, 3, 6, 6), (4, 3, 3, 3), True, pads=(1, 1, 1, 1)),
+        dtype="float64", rtol=1e-12, atol=1e-13,
+    ))
+    return cases
+
+
+def _pool_cases() -> list[OpCase]:
+    """MaxPool (pads, strides, dilations, ceil_mode, 1-D) and AveragePool (count_include_pad both ways, ceil_mode)."""
+    mp = {
+        "3x3_s2_pad1": ((1, 3, 9, 9), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}),
+        "2x2": ((2, 2, 6, 8), {"kernel_shape": (2, 2), "strides": (2, 2)}),
+        "ceil_asym": ((1, 2, 7, 8), {"kernel_shape": (3, 2), "strides": (2, 2), "pads": (0, 1, 1, 0), "ceil_mode": 1}),
+        "dilated": ((1, 2, 9, 9), {"kernel_shape": (2, 3), "dilations": (2, 2), "pads": (1, 1, 1, 1)}),
+        "1d": ((2, 3, 10), {"kernel_shape": (3,), "strides": (2,), "pads": (1, 1)}),
+    }
+    ap = {
+        "exclude_pad": ((1, 3, 7, 7), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}),
+        "include_pad": ((1, 3, 7, 7), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1), "count_include_pad": 1}),
+        "ceil_include_pad": ((1, 2, 8, 7), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 0, 1, 0), "ceil_mode": 1, "count_include_pad": 1}),
+        "ceil_exclude_pad": ((2, 2, 8, 7), {"kernel_shape": (2, 3), "strides": (3, 2), "ceil_mode": 1}),
+        "global_1d": ((2, 4, 9), {"kernel_shape": (9,)}),
+    }
+    return [
+        OpCase(op, f"{op}-{name}", lambda g, op=op, x=x, a=a: g.op(op, g.input("x", x), **a))
+        for op, table in (("MaxPool", mp), ("AveragePool", ap))
+        for name, (x, a) in table.items()
+    ]
+
+
+def _attention_cases() -> list[OpCase]:
+    """Attention: no mask, a causal (Sq, Sk) constant, a (B, 1, 1, Sk) padding mask input, Dv != D,
+    Sk not a multiple of kv_block, kv_block 0, float64. Online softmax sums in another order."""
+    causal = np.triu(np.full((6, 9), -1e9), k=4)
+
+    def att(g: GraphBuilder, q: tuple[int, ...], kv: tuple[int, ...], dv: int, mask: str, **attrs: object) -> Tensor:
+        ins = [g.input("q", q), g.input("k", kv), g.input("v", (*kv[:-1], dv))]
+        if mask == "causal":
+            ins.append(g.const(causal.astype(g.dtype)))
+        elif mask == "padding":
+            ins.append(g.input("mask", (q[0], 1, 1, kv[-2])))
+        return g.op("Attention", *ins, **attrs)
+
+    grid = {
+        "nomask_whole": ((2, 3, 6, 8), (2, 3, 9, 8), 8, "", {"scale": 0.35}),
+        "causal_kv4": ((2, 3, 6, 8), (2, 3, 9, 8), 8, "causal", {"scale": 0.35, "kv_block": 4}),
+        "padding_dv5_kv2": ((2, 2, 5, 4), (2, 2, 7, 4), 5, "padding", {"scale": 0.5, "kv_block": 2}),
+        "bcast_kv_3d": ((3, 6, 8), (1, 9, 8), 8, "", {"kv_block": 8}),
+    }
+    cases = [
+        OpCase("Attention", f"Attention-{name}", lambda g, q=q, kv=kv, dv=dv, m=m, a=a: att(g, q, kv, dv, m, **a), rtol=ATT_RTOL, atol=ATT_ATOL)
+        for name, (q, kv, dv, m, a) in grid.items()
+    ]
+    cases.append(OpCase(
+        "Attention", "Attention-float64_causal",
+        lambda g: att(g, (1, 2, 6, 8), (1, 2, 9, 8), 8, "causal", scale=0.35, kv_block=3),
+        dtype="float64", rtol=1e-12, atol=1e-13,
+    ))
+    return cases
+
+
+ATT_RTOL, ATT_ATOL = 2e-5, 2e-6  # an online softmax: sums and rescalings in another order
 NORM_RTOL, NORM_ATOL = 2e-5, 1e-5  # the expansion divides by a rsqrt; the reference by a sqrt
 
 CASES: tuple[OpCase, ...] = (
@@ -480,6 +569,34 @@ CASES: tuple[OpCase, ...] = (
     OpCase("Expand", "Expand-rows", lambda g: g.expand(g.input("x", (1, 5)), (3, 5))),
     OpCase("Expand", "Expand-cols", lambda g: g.expand(g.input("x", (3, 1)), (3, 4))),
     OpCase("Expand", "Expand-rank", lambda g: g.expand(g.input("x", (5,)), (2, 3, 5))),
+    # Gather: the "ints" domain draws indices in [-2, 3): negative ones count from the end.
+    OpCase(
+        "Gather",
+        "Gather-rows_ints",
+        lambda g: g.op("Gather", g.input("x", (6, 4), "float32"), g.input("i", (2, 3), "int64"), axis=0),
+        "ints",
+    ),
+    OpCase(
+        "Gather",
+        "Gather-axis1_const_idx",
+        lambda g: g.op("Gather", g.input("x", (2, 5, 3)), g.const(np.array([4, 0, -1, 2]), dtype="int64"), axis=1),
+    ),
+    OpCase(
+        "Gather",
+        "Gather-scalar_idx_last",
+        lambda g: g.op("Gather", g.input("x", (3, 4)), g.const(np.array(-2), dtype="int64"), axis=-1),
+    ),
+    OpCase(
+        "Gather",
+        "Gather-embedding_from_const",
+        lambda g: g.op("Gather", _c(g, (10, 8), 7), g.input("ids", (2, 5), "int64"), axis=0),
+        "ints",
+    ),
+    # ---- conv and window ops (codegen/conv.py, codegen/pool.py) ----------------------------------
+    *_conv_cases(),
+    *_pool_cases(),
+    # ---- attention (codegen/attention.py; the grid of shapes and blocks is test_attention.py) ----
+    *_attention_cases(),
 )
 
 
@@ -536,7 +653,7 @@ def assert_agrees(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, w
 def test_op_declares_shape_rule_reference_and_codegen_rule(name: str) -> None:
     op = CATALOGUE[name]
     assert op.name == name
-    assert op.kind in ("elementwise", "reduction", "contraction", "layout")
+    assert op.kind in ("elementwise", "reduction", "contraction", "window", "layout", "attention")
     assert callable(op.infer), f"{name} has no shape rule"
     assert callable(op.reference), f"{name} has no numpy reference"
     assert rule_kind(name) is not None, f"{name} has no codegen rule"
@@ -549,6 +666,8 @@ def test_codegen_rule_matches_op_kind(name: str) -> None:
         "elementwise": {"scalar"},
         "reduction": {"reduce", "expand"},
         "contraction": {"contraction"},
+        "window": {"window"},
+        "attention": {"attention"},
         "layout": {"layout", "scalar"},  # Expand is an index map inside a loop nest
     }
     assert rule_kind(name) in allowed[CATALOGUE[name].kind]

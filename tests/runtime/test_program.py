@@ -283,14 +283,33 @@ SPLIT_POINTS = [
 SPLIT_WORKLOAD = {"TbeEltwiseSplitFusionPass.cut": "mindspore_custom_op"}
 
 
+def conv_pair() -> Graph:
+    """A dense 3x3 conv + Relu (im2col) then a depthwise conv (direct): ConvOutputSplitFusionPass's cuts."""
+    rng = np.random.default_rng(0)
+    g = GraphBuilder("conv_pair")
+    x = g.input("x", (1, 4, 8, 8))
+    h = g.relu(g.op("Conv", x, g.const(rng.standard_normal((8, 4, 3, 3)).astype(np.float32)), pads=(1, 1, 1, 1)))
+    g.output(g.op("Conv", h, g.const(rng.standard_normal((8, 1, 3, 3)).astype(np.float32)), group=8))
+    return g.build()
+
+
 @pytest.mark.parametrize(("key", "value"), SPLIT_POINTS, ids=[k for k, _ in SPLIT_POINTS])
 def test_every_split_point_changes_the_program(key: str, value: int) -> None:
     """DESIGN section 4: a split point that does not change the generated program is no dimension."""
-    name = SPLIT_WORKLOAD.get(key, "transformer_block")
-    w = make_workload(name, **SMALL.get(name, {}))
-    plain = build_program(run_pipeline(w.graph, FusionConfig.defaults()).fused)
+    if key.startswith("ConvOutputSplitFusionPass."):
+        graph = conv_pair()
+        inputs = random_inputs(graph, seed=0)
+    elif key == "FlashAttentionFusionPass.kv_block":
+        # A key block cuts only a row longer than itself: seq 64 against kv_block 32.
+        w = make_workload("transformer_block", **{**SMALL["transformer_block"], "seq": 64})
+        graph, inputs = w.graph, w.inputs
+    else:
+        name = SPLIT_WORKLOAD.get(key, "transformer_block")
+        w = make_workload(name, **SMALL.get(name, {}))
+        graph, inputs = w.graph, w.inputs
+    plain = build_program(run_pipeline(graph, FusionConfig.defaults()).fused)
     split = build_program(
-        run_pipeline(w.graph, FusionConfig.resolve(split_points={key: value})).fused
+        run_pipeline(graph, FusionConfig.resolve(split_points={key: value})).fused
     )
     assert [k.key for k in split.kernels] != [k.key for k in plain.kernels]
-    assert_outputs_match(w.graph, split.run(w.inputs), w.inputs)
+    assert_outputs_match(graph, split.run(inputs), inputs)

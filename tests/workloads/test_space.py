@@ -30,8 +30,10 @@ from fusiontune.workloads.space import (
 )
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
-# The spaces of the built-in workloads; the *_template.toml files tune a command target.
+# The spaces of the built-in workloads and of the ONNX models under search_spaces/models/; the
+# *_template.toml files tune a command target.
 SHIPPED = sorted(p for p in SPACES_DIR.glob("*.toml") if not p.stem.endswith("_template"))
+MODELS = sorted((SPACES_DIR / "models").glob("*.onnx"))
 TEMPLATES = sorted(SPACES_DIR.glob("*_template.toml"))
 SWITCHABLE = [p.name for p in switchable_passes()]
 ALL_SPLITS = [f"{p.name}.{sp.name}" for p in PASSES for sp in p.split_points]
@@ -53,20 +55,25 @@ def error_of(text: str, path: str = "search_spaces/x.toml") -> str:
 
 
 # ---- the shipped files -----------------------------------------------------------------------------
-def test_one_shipped_space_per_builtin_workload() -> None:
-    assert sorted(p.stem for p in SHIPPED) == sorted(WORKLOADS)
+def test_one_shipped_space_per_builtin_workload_and_per_model() -> None:
+    assert len(MODELS) == 3
+    assert sorted(p.stem for p in SHIPPED) == sorted([*WORKLOADS, *(m.stem for m in MODELS)])
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_shipped_space_loads_and_is_small_enough_for_minutes(path: Path) -> None:
     space = load_space(path)
     assert space.workload == path.stem == space.name
-    assert dict(space.sizes) == dict(WORKLOADS[space.workload].sizes)
+    if space.onnx is None:
+        assert dict(space.sizes) == dict(WORKLOADS[space.workload].sizes)
+    else:
+        assert Path(space.onnx.path) == SPACES_DIR / "models" / f"{path.stem}.onnx"
     assert space.trials <= 50 and space.workers == 2
     assert space.measure.repeat <= 7 and space.measure.min_repeat_ms <= 10
     assert space.metric == "max_rel" and 0 < space.bound <= 1e-3
     assert all(0 in values for values in space.splits.values())
-    assert set(space.splits) == set(ALL_SPLITS)
+    # Every split point a space searches exists; each space searches at least one.
+    assert space.splits and set(space.splits) <= set(ALL_SPLITS)
     if space.sampler == "grid":
         assert grid_size(space) + 2 <= space.trials  # the baselines are not grid points
 
@@ -123,7 +130,8 @@ def test_distributions_name_every_dimension_with_storage_names() -> None:
     assert choices["pass.SoftmaxFusionPass"] == ("off", "on")
     assert choices["split.MatMulRowSplitFusionPass.row_block"] == (0, 16, 32, 64)
     assert choices["split.TbeEltwiseSplitFusionPass.cut"] == (0, 2, 4, 8)  # registry choices
-    assert grid_size(space) == 2 ** len(SWITCHABLE) * 4 * 2 * 4
+    assert choices["split.FlashAttentionFusionPass.kv_block"] == (0, 32, 64, 128)  # registry choices
+    assert grid_size(space) == 2 ** len(SWITCHABLE) * 4 * 2 * 4 * 4  # conv split points pinned to 0
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
@@ -257,7 +265,9 @@ def test_durations_in_the_file() -> None:
             '[workload]\nname = "transformer_block"\nsizes = { hidden = 130 }\n',
             "workload.sizes: hidden (130) must be a multiple of heads (4)",
         ),
-        (MINIMAL + "onnx = 'model.onnx'\n", "workload.onnx: unknown key (known: name, sizes)"),
+        # an ONNX model replaces name / sizes (tests/workloads/test_onnx_space.py covers the rest)
+        (MINIMAL + "onnx = 'model.onnx'\n", "workload.name: not used with onnx"),
+        (MINIMAL + "dims = {batch = 2}\n", 'workload.dims: only with onnx = "<model.onnx>"'),
         # passes
         (
             MINIMAL

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from fusiontune.codegen.plan import check_fusable
-from fusiontune.codegen.rules import LAYOUT_OPS
+from fusiontune.codegen.rules import LAYOUT_OPS, WINDOW_OPS
 from fusiontune.ir.ops import get_op
 from fusiontune.passes.base import PassContext
 from fusiontune.passes.fused_graph import FusedGraph, Group
@@ -49,12 +49,20 @@ class Partition:
         return [self.graph.node(n).op for n in self.members[gid]]
 
     def kind(self, gid: int) -> str:
-        """contraction (holds a MatMul), layout (a layout node), or loop."""
+        """contraction (holds a MatMul), conv (holds a Conv), window (a pool node), layout (a
+        layout node), or loop. Conv and window groups are no loop nests: only the conv epilogue
+        pass (passes/ub/conv_epilogue.py) merges into a conv group."""
         ops = self.ops(gid)
         if "MatMul" in ops:
             return "contraction"
+        if "Conv" in ops:
+            return "conv"
+        if any(op in WINDOW_OPS for op in ops):
+            return "window"
         if any(op in LAYOUT_OPS for op in ops):
             return "layout"
+        if "Attention" in ops:
+            return "attention"  # a flash-attention kernel of its own (codegen/attention.py)
         return "loop"
 
     def is_basic_eltwise(self, gid: int) -> bool:

@@ -11,9 +11,9 @@ from fusiontune.passes.pipeline import patterns
 PASS_NAME = "ApproxTranscendentalFusionPass"
 
 TRANSCENDENTAL_OPS = frozenset(
-    {"Exp", "Tanh", "Sigmoid", "Silu", "SwiGlu", "Gelu", "Erf", "Softmax"}
+    {"Exp", "Tanh", "Sigmoid", "Silu", "SwiGlu", "Gelu", "Erf", "Softmax", "Attention"}
 )
-"""Ops whose lowering calls exp, tanh, sigmoid or erf (Softmax through its exp)."""
+"""Ops whose lowering calls exp, tanh, sigmoid or erf (Softmax and Attention through their exp)."""
 
 
 @patterns("ApproxTranscendental")

@@ -1,0 +1,588 @@
+"""Peers benchmark: fusiontune vs onnxruntime, JAX jit, torch.compile, numpy and numexpr, side by side.
+
+Every case is defined once, as an ONNX model (onnx.helper): onnxruntime runs that very model,
+fusiontune imports it (``import_onnx``), and JAX and torch.compile run one generic lowering of the
+imported, unfused graph (benchmarks/_lower.py) that their compilers fuse themselves. So every peer
+computes the same math. Before timing, each peer's outputs are compared with the float64
+interpreter; a peer whose max_rel exceeds the tolerance is flagged WRONG in the table (and left out
+of the goals), never timed silently.
+
+Cases: six subgraphs (a 12-op elementwise chain, Add + LayerNorm, Softmax, MatMul + bias + erf
+GELU, Conv + BN + Relu, attention) and the three models of search_spaces/models/. Timing: every
+peer once per round, in turn, for ``--rounds`` rounds (a sample is raised to >= 5 ms of calls), so
+load from other processes hits every peer alike; the table gives medians, the IQR, the min..max
+range, and each peer's time divided by fusiontune's (> 1: fusiontune is faster). For the
+memory-bound subgraphs it gives fusiontune's effective bandwidth (its kernels' least bytes moved
+over its median time) as a share of the copy bandwidth (a parallel numba copy of the same bytes).
+
+fusiontune runs the registry defaults, a ``--config`` (fusion_switch.cfg / best_config.json), or the
+fastest feasible configuration of a ``--sweep N`` (the defaults, all-off and N random points;
+feasible: max_rel <= max(5 x float32 floor, 1e-4)). Peers that are not installed are skipped with a
+note. This is a benchmark, not a test: run it on a quiet machine (``cat /proc/loadavg`` < ~1.5).
+
+    .venv/bin/python benchmarks/peers.py [--quick] [--only NAME ...] [--rounds N] [--threads N]
+        [--config CFG | --sweep N] [--results PATH] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "search_spaces" / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SUBGRAPH_GOAL = 1.0  # JAX and torch.compile time / fusiontune time, every subgraph
+MODEL_GOAL = {"bert_encoder": 1.0, "llama_decoder": 1.0, "resnet_cnn": 1 / 1.25}  # onnxruntime / fusiontune
+BANDWIDTH_GOAL = 0.70
+MEMORY_BOUND = ("elementwise_chain", "add_layernorm", "softmax")
+PEERS = ("fusiontune", "onnxruntime", "jax", "torch.compile", "numpy", "numexpr")
+MIN_SAMPLE_S = 0.005
+MIB = 1 << 20
+
+
+# ---- cases -----------------------------------------------------------------------------------
+@dataclass
+class Case:
+    """One ONNX model with fixed dims and inputs."""
+
+    name: str
+    title: str
+    kind: str  # "subgraph" | "model"
+    model: Any  # onnx.ModelProto
+    dims: dict[str, int]
+    inputs: dict[str, np.ndarray]
+
+
+def _sub(name: str) -> Any:
+    from export_models import Builder
+
+    return Builder(name, seed=3)
+
+
+def _f32(b: Any, name: str, shape: Sequence[int]) -> str:
+    from onnx import TensorProto
+
+    return b.input(name, TensorProto.FLOAT, list(shape))
+
+
+def _finish(b: Any, out: str, shape: Sequence[int]) -> Any:
+    from onnx import TensorProto, helper
+
+    b.nodes.append(helper.make_node("Identity", [out], ["out"], name="output"))
+    b.output("out", TensorProto.FLOAT, list(shape))
+    return b.model(b.name)
+
+
+def case_elementwise_chain(rows: int, cols: int) -> Any:
+    """12 cheap elementwise ops over x and y: each intermediate is read once (numexpr-friendly)."""
+    b = _sub("elementwise_chain")
+    x, y = _f32(b, "x", (rows, cols)), _f32(b, "y", (rows, cols))
+    t = b.op("Mul", [x, b.scalar("c", 1.5)])
+    t = b.op("Add", [t, b.scalar("c", 0.5)])
+    t = b.op("Mul", [t, x])
+    t = b.op("Sub", [t, b.scalar("c", 0.25)])
+    t = b.op("Relu", [t])
+    t = b.op("Mul", [t, y])
+    t = b.op("Add", [t, x])
+    t = b.op("Div", [t, b.scalar("c", 2.0)])
+    t = b.op("Sub", [y, t])
+    t = b.op("Max", [t, b.scalar("c", -1.0)])
+    t = b.op("Min", [t, b.scalar("c", 4.0)])
+    t = b.op("Mul", [t, b.scalar("c", 0.75)])
+    return _finish(b, t, (rows, cols))
+
+
+def case_add_layernorm(rows: int, cols: int) -> Any:
+    b = _sub("add_layernorm")
+    s = b.op("Add", [_f32(b, "x", (rows, cols)), _f32(b, "r", (rows, cols))])
+    y = b.op("LayerNormalization", [s, b.vector("gamma", cols, 1.0, 0.1), b.vector("beta", cols, 0.0, 0.1)], axis=-1, epsilon=1e-5)
+    return _finish(b, y, (rows, cols))
+
+
+def case_softmax(rows: int, cols: int) -> Any:
+    b = _sub("softmax")
+    return _finish(b, b.op("Softmax", [_f32(b, "x", (rows, cols))], axis=-1), (rows, cols))
+
+
+def case_matmul_bias_gelu(rows: int, k: int, n: int) -> Any:
+    from export_models import _gelu_erf
+
+    b = _sub("matmul_bias_gelu")
+    h = b.op("Add", [b.op("MatMul", [_f32(b, "x", (rows, k)), b.weight("w", (k, n), k)]), b.vector("bias", n)])
+    return _finish(b, _gelu_erf(b, h), (rows, n))
+
+
+def case_conv_bn_relu(n: int, c: int, m: int, hw: int) -> Any:
+    from export_models import _conv_bn
+
+    b = _sub("conv_bn_relu")
+    return _finish(b, _conv_bn(b, _f32(b, "x", (n, c, hw, hw)), c, m, 3, 1, True), (n, m, hw, hw))
+
+
+def case_attention(batch: int, heads: int, seq: int, d: int) -> Any:
+    b = _sub("attention")
+    q, k, v = (_f32(b, name, (batch, heads, seq, d)) for name in ("q", "k", "v"))
+    mask = _f32(b, "mask", (batch, 1, 1, seq))
+    s = b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])])
+    s = b.op("Add", [b.op("Mul", [s, b.scalar("scale", 1.0 / math.sqrt(d))]), mask])
+    return _finish(b, b.op("MatMul", [b.op("Softmax", [s], axis=-1), v]), (batch, heads, seq, d))
+
+
+SUBGRAPHS: dict[str, tuple[str, Callable[[bool], Any]]] = {
+    "elementwise_chain": ("12 elementwise ops, x, y 4096x1024", lambda q: case_elementwise_chain(*((512, 1024) if q else (4096, 1024)))),
+    "add_layernorm": ("LayerNorm(x + r), 4096x1024", lambda q: case_add_layernorm(*((512, 1024) if q else (4096, 1024)))),
+    "softmax": ("Softmax over the last axis, 4096x1024", lambda q: case_softmax(*((512, 1024) if q else (4096, 1024)))),
+    "matmul_bias_gelu": ("erf GELU(x @ W + b), 1024x512 @ 512x2048", lambda q: case_matmul_bias_gelu(*((128, 256, 512) if q else (1024, 512, 2048)))),
+    "conv_bn_relu": ("Relu(BN(Conv3x3)), 8x32x56x56 -> 64", lambda q: case_conv_bn_relu(*((1, 8, 16, 16) if q else (8, 32, 64, 56)))),
+    "attention": ("softmax(QK^T/sqrt d + mask) V, 4x8x256x64", lambda q: case_attention(*((1, 2, 32, 16) if q else (4, 8, 256, 64)))),
+}
+MODELS: dict[str, tuple[str, dict[str, int], dict[str, int]]] = {
+    "resnet_cnn": ("ResNet-style CNN", {"batch": 8, "height": 64, "width": 64}, {"batch": 1, "height": 32, "width": 32}),
+    "bert_encoder": ("BERT-style encoder, 2 layers", {"batch": 4, "seq": 128}, {"batch": 1, "seq": 32}),
+    "llama_decoder": ("llama-style decoder, 2 layers", {"batch": 4, "seq": 128}, {"batch": 1, "seq": 32}),
+}
+
+
+def make_case(name: str, quick: bool) -> Case:
+    """Build (or load) the ONNX model of ``name`` and its inputs."""
+    import onnx
+    from export_models import MODELS as BUILDERS
+    from export_models import sample_inputs
+
+    if name in SUBGRAPHS:
+        title, build = SUBGRAPHS[name]
+        model = build(quick)
+        rng = np.random.default_rng(0)
+        inputs = {}
+        for vi in model.graph.input:
+            shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+            inputs[vi.name] = rng.standard_normal(shape).astype(np.float32)
+        if "mask" in inputs:  # additive mask: -10000 on a tenth of the keys
+            inputs["mask"] = np.where(rng.random(inputs["mask"].shape) < 0.1, -10000.0, 0.0).astype(np.float32)
+        if quick:
+            title = "quick sizes: " + ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in inputs.items())
+        return Case(name, title, "subgraph", model, {}, inputs)
+    title, dims, quick_dims = MODELS[name]
+    dims = quick_dims if quick else dims
+    path = ROOT / "search_spaces" / "models" / f"{name}.onnx"
+    model = onnx.load(str(path)) if path.exists() else BUILDERS[name][0]()
+    return Case(name, f"{title} {dims}", "model", model, dims, sample_inputs(model, dims))
+
+
+# ---- peers -----------------------------------------------------------------------------------
+@dataclass
+class PeerRun:
+    """One peer on one case: the timed callable and its outputs, or why there is none."""
+
+    peer: str
+    fn: Callable[[], object] | None = None
+    outputs: dict[str, np.ndarray] | None = None
+    note: str = ""
+    max_rel: float = float("nan")
+    wrong: bool = False
+    timing: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _fusiontune(case: Case, graph: Any, config: Any) -> PeerRun:
+    from fusiontune.passes.pipeline import run_pipeline
+    from fusiontune.runtime.program import build_program
+
+    program = build_program(run_pipeline(graph, config).fused)
+    outs = {k: np.array(v) for k, v in program.run(case.inputs).items()}
+    bytes_moved = sum(k.bytes_moved for k in program.kernels)
+    return PeerRun("fusiontune", program.execute, outs, f"{program.kernel_count} kernels", extra={"bytes_moved": bytes_moved, "kernels": program.kernel_count, "compile_s": program.compile_s})
+
+
+def _onnxruntime(case: Case, path: Path, threads: int) -> PeerRun:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # ORT's pool spin-waits after each run by default; in interleaved rounds that would burn the
+    # cores the next peer runs on, so its threads sleep between runs as every other peer's do.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    outs = dict(zip(names, sess.run(None, case.inputs), strict=True))
+    return PeerRun("onnxruntime", lambda: sess.run(None, case.inputs), outs, "ORT_ENABLE_ALL")
+
+
+def _jax(case: Case, graph: Any) -> PeerRun:
+    import jax
+    import jax.numpy as jnp
+    from _lower import lower_jax
+
+    fn = lower_jax(graph)
+    args = [jnp.asarray(case.inputs[n]) for n in graph.inputs]
+    outs = jax.block_until_ready(fn(*args))
+    return PeerRun("jax", lambda: jax.block_until_ready(fn(*args)), {o: np.asarray(v) for o, v in zip(graph.outputs, outs, strict=True)}, "jax.jit")
+
+
+def _torch(case: Case, graph: Any) -> PeerRun:
+    import torch
+    from _lower import lower_torch
+
+    fn = lower_torch(graph)
+    args = [torch.from_numpy(np.array(case.inputs[n])) for n in graph.inputs]
+
+    def call() -> object:
+        with torch.no_grad():
+            return fn(*args)
+
+    outs = call()
+    return PeerRun("torch.compile", call, {o: v.numpy() for o, v in zip(graph.outputs, outs, strict=True)}, "inductor, CPU")
+
+
+def _numpy(case: Case, graph: Any) -> PeerRun:
+    from fusiontune.ir.interpreter import run_graph
+
+    return PeerRun("numpy", lambda: run_graph(graph, case.inputs, dtype=None), run_graph(graph, case.inputs, dtype=None), "interpreter, float32")
+
+
+def _numexpr(case: Case, graph: Any) -> PeerRun:
+    import numexpr as ne
+    from _lower import numexpr_expression
+
+    lowered = numexpr_expression(graph)
+    if lowered is None:
+        return PeerRun("numexpr", note="n/a (not an elementwise graph)")
+    expr, consts = lowered
+    local = {f"v{i}": case.inputs[n] for i, n in enumerate(graph.inputs)}
+    local.update({k: v.astype(np.float32) if v.dtype == np.float64 else v for k, v in consts.items()})
+    out_v = graph.values[graph.outputs[0]]
+    out = np.empty(out_v.shape, dtype=out_v.dtype)
+    ne.evaluate(expr, local_dict=local, out=out)  # parses once; later calls hit numexpr's cache
+    if out.dtype != np.float32 and out_v.dtype == "float32":
+        raise TypeError(f"numexpr computed in {out.dtype}")
+    return PeerRun("numexpr", lambda: ne.evaluate(expr, local_dict=local, out=out), {graph.outputs[0]: out.copy()}, f"{ne.get_num_threads()} threads")
+
+
+def prepare_peers(case: Case, graph: Any, path: Path, config: Any, threads: int, skip: Sequence[str]) -> list[PeerRun]:
+    """Build every peer for ``case``; a peer that is missing or fails becomes a row with a note."""
+    makers: dict[str, tuple[str, Callable[[], PeerRun]]] = {
+        "fusiontune": ("fusiontune", lambda: _fusiontune(case, graph, config)),
+        "onnxruntime": ("onnxruntime", lambda: _onnxruntime(case, path, threads)),
+        "jax": ("jax", lambda: _jax(case, graph)),
+        "torch.compile": ("torch", lambda: _torch(case, graph)),
+        "numpy": ("numpy", lambda: _numpy(case, graph)),
+        "numexpr": ("numexpr", lambda: _numexpr(case, graph)),
+    }
+    runs = []
+    for peer, (module, make) in makers.items():
+        if peer in skip:
+            runs.append(PeerRun(peer, note="skipped (--skip)"))
+            continue
+        try:
+            __import__(module)
+        except ImportError:
+            runs.append(PeerRun(peer, note=f"not installed (pip install {module})"))
+            continue
+        t0 = time.perf_counter()
+        try:
+            run = make()
+        except Exception as exc:  # a peer that cannot run this case is a row, not a crash
+            runs.append(PeerRun(peer, note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:90]}"))
+            continue
+        run.extra["prepare_s"] = time.perf_counter() - t0
+        runs.append(run)
+    return runs
+
+
+# ---- timing ----------------------------------------------------------------------------------
+def calls_per_sample(fn: Callable[[], object], warmup: int) -> int:
+    """Warm up; return how many back-to-back calls make one sample of >= MIN_SAMPLE_S."""
+    best = float("inf")
+    for _ in range(max(warmup, 1)):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return max(1, math.ceil(MIN_SAMPLE_S / max(best, 1e-6)))
+
+
+def interleaved_rounds(fns: dict[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, Any]:
+    """Every callable once per round, in turn (a sample is ``number`` calls); Timing per name."""
+    from fusiontune.measure import MeasureConfig, Timing, time_callable
+
+    numbers = {name: calls_per_sample(fn, warmup) for name, fn in fns.items()}
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            one = MeasureConfig(warmup=0, number=numbers[name], repeat=1)
+            samples[name].append(time_callable(fn, one).median_s)
+    return {name: Timing.from_samples(tuple(s), numbers[name]) for name, s in samples.items()}
+
+
+# ---- the sweep -------------------------------------------------------------------------------
+def sweep_config(graph: Any, inputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], bound: float, n: int, seed: int = 0) -> tuple[Any, list[dict[str, Any]]]:
+    """The fastest configuration with max_rel <= bound among defaults, all-off and ``n`` random points."""
+    from fusiontune.config.fusion_config import FusionConfig
+    from fusiontune.measure import MeasureConfig, compare, time_callable
+    from fusiontune.passes.pipeline import run_pipeline
+    from fusiontune.passes.registry import switchable_passes
+    from fusiontune.runtime.program import build_program
+
+    rng = np.random.default_rng(seed)
+    passes = switchable_passes()
+    candidates = [("defaults", FusionConfig.defaults()), ("all_off", FusionConfig.all_off())]
+    for i in range(n):
+        switches = {p.name: bool(rng.random() < 0.5) for p in passes}
+        splits = {}
+        for p in passes:
+            for sp in p.split_points:
+                if switches[p.name]:
+                    choices = [c for c in (0, 2, 4, 8, 16, 32, 64, 128, 512) if sp.low <= c <= sp.high]
+                    splits[f"{p.name}.{sp.name}"] = int(rng.choice(choices))
+        candidates.append((f"random{i}", FusionConfig.resolve(explicit=switches, split_points=splits, source="--sweep")))
+    log, best = [], (float("inf"), candidates[0][1])
+    measure = MeasureConfig(warmup=1, repeat=5, min_repeat_ms=MIN_SAMPLE_S * 1000)
+    for label, config in candidates:
+        try:
+            program = build_program(run_pipeline(graph, config).fused)
+            err = compare({k: np.array(v) for k, v in program.run(inputs).items()}, reference).max_rel
+            program.bind(inputs)
+            t = time_callable(program.execute, measure).median_s
+        except Exception as exc:
+            log.append({"label": label, "error": f"{type(exc).__name__}: {exc}"[:200]})
+            continue
+        log.append({"label": label, "median_s": t, "max_rel": err, "kernels": program.kernel_count, "feasible": err <= bound})
+        if err <= bound and t < best[0]:
+            best = (t, config)
+    return best[1], log
+
+
+# ---- report ----------------------------------------------------------------------------------
+def _ms(s: float) -> str:
+    return "-" if s is None or not math.isfinite(s) else f"{s * 1e3:.3f}"
+
+
+def table_lines(case: Case, runs: list[PeerRun], bw: dict[str, Any] | None) -> list[str]:
+    ft = next((r for r in runs if r.peer == "fusiontune" and r.timing is not None), None)
+    lines = [f"### {case.name}: {case.title}", ""]
+    lines.append("| peer | median ms | IQR ms | min..max ms | peer / fusiontune | max_rel | note |")
+    lines.append("|---|---:|---:|---:|---:|---:|---|")
+    for r in runs:
+        if r.timing is None:
+            lines.append(f"| {r.peer} | - | - | - | - | {'-' if math.isnan(r.max_rel) else f'{r.max_rel:.1e}'} | {r.note} |")
+            continue
+        t = r.timing
+        ratio = "-" if ft is None else f"{t.median_s / ft.timing.median_s:.2f}x"
+        flag = " **WRONG**" if r.wrong else ""
+        lines.append(
+            f"| {r.peer} | {_ms(t.median_s)} | {_ms(t.iqr_s)} | {_ms(min(t.samples_s))}..{_ms(max(t.samples_s))} | {ratio} | {r.max_rel:.1e}{flag} | {r.note} |"
+        )
+    if bw is not None:
+        lines.append("")
+        lines.append(
+            f"fusiontune moves {bw['bytes_moved'] / MIB:.0f} MiB in {_ms(bw['median_s'])} ms = {bw['achieved'] / 1e9:.2f} GB/s = "
+            f"{100 * bw['fraction']:.0f}% of copy bandwidth ({bw['copy_bw'] / 1e9:.2f} GB/s, numba parallel copy of the same bytes; "
+            f"np.copyto {bw['numpy_copy_bw'] / 1e9:.2f} GB/s)"
+        )
+    lines.append("")
+    return lines
+
+
+def goal_lines(results: dict[str, dict[str, Any]], ft_mode: str) -> list[str]:
+    """The goals, each met / missed with its figure."""
+    lines = []
+    for name, res in results.items():
+        ratios = res["ratios"]
+        if res["kind"] == "subgraph":
+            for peer in ("jax", "torch.compile"):
+                r = ratios.get(peer)
+                if r is None:
+                    lines.append(f"- {name}: {peer}/fusiontune not measured ({res['notes'].get(peer, 'no figure')})")
+                else:
+                    lines.append(f"- {name}: {peer}/fusiontune = {r:.2f}x (goal >= {SUBGRAPH_GOAL:.1f}): {'met' if r >= SUBGRAPH_GOAL else 'MISSED'}")
+        else:
+            goal = MODEL_GOAL[name]
+            r = ratios.get("onnxruntime")
+            if r is None:
+                lines.append(f"- {name}: onnxruntime/fusiontune not measured ({res['notes'].get('onnxruntime', 'no figure')})")
+            else:
+                lines.append(f"- {name}: onnxruntime/fusiontune = {r:.2f}x with fusiontune {ft_mode} (goal >= {goal:.2f}): {'met' if r >= goal else 'MISSED'}")
+        if res.get("bandwidth"):
+            f = res["bandwidth"]["fraction"]
+            lines.append(f"- {name}: fusiontune at {100 * f:.0f}% of copy bandwidth (goal >= {100 * BANDWIDTH_GOAL:.0f}%): {'met' if f >= BANDWIDTH_GOAL else 'MISSED'}")
+    return lines
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("numpy", "numba", "onnx", "onnxruntime", "jax", "jaxlib", "torch", "numexpr"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+# ---- main ------------------------------------------------------------------------------------
+def bench_case(name: str, args: argparse.Namespace, base_config: Any, threads: int, tmp: Path) -> tuple[Case, list[PeerRun], dict[str, Any]]:
+    from fusiontune.ir.interpreter import run_graph
+    from fusiontune.ir.onnx_import import import_onnx
+    from fusiontune.measure import compare, measure_copy_bandwidth, numpy_copy_bandwidth
+
+    case = make_case(name, args.quick)
+    path = tmp / f"{name}.onnx"
+    import onnx
+
+    onnx.save(case.model, str(path))
+    graph = import_onnx(path, dims=case.dims or None)
+    reference = run_graph(graph, case.inputs, dtype="float64")
+    floor = compare(run_graph(graph, case.inputs, dtype=None), reference).max_rel
+    tolerance = max(20 * floor, 2e-3)
+    config, sweep_log, mode = base_config, None, args.mode
+    if args.sweep:
+        config, sweep_log = sweep_config(graph, case.inputs, reference, max(5 * floor, 1e-4), args.sweep)
+    runs = prepare_peers(case, graph, path, config, threads, args.skip or ())
+    for r in runs:
+        if r.outputs is not None:
+            try:
+                r.max_rel = compare(r.outputs, reference).max_rel
+            except (KeyError, ValueError) as exc:
+                r.max_rel, r.note = float("inf"), f"{r.note}; outputs do not match: {exc}"
+            r.wrong = not r.max_rel <= tolerance
+    timed = {r.peer: r.fn for r in runs if r.fn is not None}
+    timings = interleaved_rounds(timed, args.rounds, 2) if timed else {}
+    for r in runs:
+        r.timing = timings.get(r.peer)
+    ft = next((r for r in runs if r.peer == "fusiontune" and r.timing is not None), None)
+    bw = None
+    if ft is not None and name in MEMORY_BOUND:
+        moved = ft.extra["bytes_moved"]
+        copy_bw = measure_copy_bandwidth(max(moved // 2, MIB))
+        achieved = moved / ft.timing.median_s
+        bw = {"bytes_moved": moved, "median_s": ft.timing.median_s, "achieved": achieved, "copy_bw": copy_bw,
+              "numpy_copy_bw": numpy_copy_bandwidth(max(moved // 2, MIB)), "fraction": achieved / copy_bw}
+    ratios = {r.peer: r.timing.median_s / ft.timing.median_s for r in runs if ft and r.timing is not None and r.peer != "fusiontune" and not r.wrong}
+    res = {
+        "kind": case.kind, "title": case.title, "dims": case.dims, "float32_floor_max_rel": floor, "tolerance": tolerance,
+        "fusiontune_config": config.key(), "mode": mode, "sweep": sweep_log, "bandwidth": bw, "ratios": ratios,
+        "notes": {r.peer: r.note for r in runs},
+        "peers": {
+            r.peer: {
+                "note": r.note, "max_rel": r.max_rel, "wrong": r.wrong, **r.extra,
+                **({} if r.timing is None else {"median_s": r.timing.median_s, "iqr_s": r.timing.iqr_s, "number": r.timing.number, "samples_s": list(r.timing.samples_s)}),
+            }
+            for r in runs
+        },
+    }
+    return case, runs, res
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark, print the tables, write RESULTS.md; return every figure.
+
+    Args:
+        argv: command-line arguments (see ``--help``); ``sys.argv`` when None.
+
+    Returns:
+        Every figure, as ``--json`` writes it.
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, 3 rounds: a smoke run")
+    parser.add_argument("--only", action="append", choices=[*SUBGRAPHS, *MODELS], help="run only this case (repeatable)")
+    parser.add_argument("--skip", action="append", choices=PEERS[1:], help="leave out this peer (repeatable)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (9; quick 3)")
+    parser.add_argument("--threads", type=int, help="threads for every peer (default: numba's, what fusiontune uses)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--config", type=Path, help="fusiontune configuration (fusion_switch.cfg or best_config.json)")
+    group.add_argument("--sweep", type=int, metavar="N", help="fusiontune: the fastest feasible of defaults, all-off and N random configurations")
+    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "RESULTS.md", help="markdown results file (default: benchmarks/RESULTS.md)")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (3 if args.quick else 9)
+
+    import numba
+
+    threads = args.threads or numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+    except ImportError:
+        pass
+    try:
+        import numexpr
+
+        numexpr.set_num_threads(threads)
+    except ImportError:
+        pass
+    from fusiontune.config.fusion_config import FusionConfig
+    from fusiontune.measure import machine_info
+
+    if args.config:
+        from fusiontune.config.switch_file import load_config
+
+        base, args.mode = load_config(args.config), f"config {args.config.name}"
+    else:
+        base, args.mode = FusionConfig.defaults(), (f"best of a {args.sweep}-point sweep" if args.sweep else "defaults")
+    info, vers = machine_info(), versions()
+    load_start = os.getloadavg()
+    header = [
+        "# fusiontune vs peers",
+        "",
+        f"Command: `{' '.join(['.venv/bin/python', 'benchmarks/peers.py', *(argv if argv is not None else sys.argv[1:])])}`",
+        "",
+        f"- machine: {info['cpu_model']}, {info['cpu_count']} logical CPUs ({info['cpus_usable']} usable), {platform.platform()}",
+        f"- threads: {threads} for every peer (numba, onnxruntime intra-op without spin-waiting, torch, numexpr; JAX/XLA uses its own pool over the usable CPUs)",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()),
+        f"- fusiontune configuration: {args.mode}; rounds: {args.rounds} interleaved, a sample >= {MIN_SAMPLE_S * 1e3:.0f} ms of calls",
+        f"- loadavg at start: {' '.join(f'{v:.2f}' for v in load_start)}",
+        "- peer / fusiontune: the peer's median time over fusiontune's (> 1: fusiontune is faster). max_rel: against the float64 interpreter;"
+        " a peer above max(20 x float32 floor, 2e-3) is flagged WRONG and left out of the goals.",
+        "",
+    ]
+    print("\n".join(header))
+    figures: dict[str, Any] = {"machine": info, "versions": vers, "threads": threads, "mode": args.mode, "quick": args.quick, "loadavg_start": list(load_start), "cases": {}}
+    body: list[str] = []
+    names = args.only or [*SUBGRAPHS, *MODELS]
+    with tempfile.TemporaryDirectory(prefix="fusiontune-peers-") as tmp:
+        for name in names:
+            try:
+                case, runs, res = bench_case(name, args, base, threads, Path(tmp))
+            except Exception as exc:  # e.g. the importer lacks an op: say so, go on
+                lines = [f"### {name}", "", f"not run: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", ""]
+                figures["cases"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            else:
+                lines = table_lines(case, runs, res["bandwidth"])
+                figures["cases"][name] = res
+            print("\n".join(lines), flush=True)
+            body += lines
+    goals = goal_lines({k: v for k, v in figures["cases"].items() if "error" not in v}, args.mode)
+    figures["goals"] = goals
+    figures["loadavg_end"] = list(os.getloadavg())
+    tail = ["## Goals", "", *goals, "", f"loadavg at end: {' '.join(f'{v:.2f}' for v in figures['loadavg_end'])}", ""]
+    print("\n".join(tail))
+    args.results.write_text("\n".join(header + ["## Results", ""] + body + tail), encoding="utf-8")
+    print(f"wrote {args.results}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=2, default=str)
+        print(f"wrote {args.json}")
+    return figures
+
+
+if __name__ == "__main__":
+    main()
