@@ -375,6 +375,10 @@ def lower_torch(graph: Graph, compile: bool = True) -> Callable[..., tuple[Any, 
     import torch
 
     check_supported(graph, "torch")
+    # Dynamo caches compiled frames by code object, and every lowered graph runs the same `fn`:
+    # after 8 graphs it would stop compiling and run eagerly. A fresh cache per graph keeps every
+    # case compiled (the previous case's function is not called again).
+    torch._dynamo.reset()
     rules = _torch_rules()
     consts = {k: torch.from_numpy(np.array(v)) for k, v in graph.constants.items()}
 

@@ -16,7 +16,8 @@ memory-bound subgraphs it gives fusiontune's effective bandwidth (its kernels' l
 over its median time) as a share of the copy bandwidth (a parallel numba copy of the same bytes).
 
 fusiontune runs the registry defaults, a ``--config`` (fusion_switch.cfg / best_config.json), or the
-fastest feasible configuration of a ``--sweep N`` (the defaults, all-off and N random points;
+fastest feasible configuration of a ``--sweep N`` (the defaults, all-off, the defaults with each
+inexact pass on, and N random points;
 feasible: max_rel <= max(5 x float32 floor, 1e-4)). Peers that are not installed are skipped with a
 note. This is a benchmark, not a test: run it on a quiet machine (``cat /proc/loadavg`` < ~1.5).
 
@@ -332,7 +333,8 @@ def interleaved_rounds(fns: dict[str, Callable[[], object]], rounds: int, warmup
 
 # ---- the sweep -------------------------------------------------------------------------------
 def sweep_config(graph: Any, inputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], bound: float, n: int, seed: int = 0) -> tuple[Any, list[dict[str, Any]]]:
-    """The fastest configuration with max_rel <= bound among defaults, all-off and ``n`` random points."""
+    """The fastest configuration with max_rel <= bound among defaults, all-off, the defaults with
+    each inexact pass on, and ``n`` random points."""
     from fusiontune.config.fusion_config import FusionConfig
     from fusiontune.measure import MeasureConfig, compare, time_callable
     from fusiontune.passes.pipeline import run_pipeline
@@ -342,6 +344,10 @@ def sweep_config(graph: Any, inputs: dict[str, np.ndarray], reference: dict[str,
     rng = np.random.default_rng(seed)
     passes = switchable_passes()
     candidates = [("defaults", FusionConfig.defaults()), ("all_off", FusionConfig.all_off())]
+    # As `fusiontune tune` enqueues them: the defaults with each inexact pass switched on.
+    for p in passes:
+        if not p.exact:
+            candidates.append((f"only:{p.name}", FusionConfig.resolve(explicit={p.name: True}, source="--sweep")))
     for i in range(n):
         switches = {p.name: bool(rng.random() < 0.5) for p in passes}
         splits = {}
