@@ -2,8 +2,9 @@
 
 Prints, for people:
 
-1. Per ResNet / MobileNet-style conv shape (batch 1, float32): the median time (and IQR) of the
-   conv kernel with ``conv_algo="im2col"``, with ``conv_algo="direct"``, and of the catalogue's
+1. Per ResNet / MobileNet-style conv shape (batch 1, float32; ``--batch``): the median time (and
+   IQR) of the conv kernel with ``conv_algo="im2col"``, ``"shifted"`` (stride 1 only; a strided
+   conv shows "-"), ``"direct"``, and of the catalogue's
    numpy reference (ir/ops.py, einsum over a strided window view), timed in interleaved rounds
    (A B C A B C ...) so that load from other processes hits every variant alike; which algorithm
    wins, and which one :func:`fusiontune.codegen.conv.choose_conv_algo` picks.
@@ -13,7 +14,7 @@ Prints, for people:
 This is a benchmark, not a test: nothing is gated on time. Run it on a quiet machine
 (``cat /proc/loadavg`` below ~0.5).
 
-    .venv/bin/python benchmarks/bench_conv.py [--quick] [--rounds N]
+    .venv/bin/python benchmarks/bench_conv.py [--quick] [--rounds N] [--batch N] [--only algos|fused]
 """
 
 from __future__ import annotations
@@ -51,14 +52,19 @@ SHAPES: tuple[tuple[str, int, int, int, int, int, int], ...] = (
     ("dw 3x3 s2 96 @112", 96, 112, 96, 3, 2, 96),
     ("dw 3x3 256 @28", 256, 28, 256, 3, 1, 256),
     ("grouped 3x3 g32 256->256 @28", 256, 28, 256, 3, 1, 32),
+    ("resnet_cnn stem 3x3 3->32 @64", 3, 64, 32, 3, 1, 1),
+    ("resnet_cnn 3x3 32->32 @32", 32, 32, 32, 3, 1, 1),
+    ("resnet_cnn 3x3 s2 32->64 @32", 32, 32, 64, 3, 2, 1),
+    ("resnet_cnn 3x3 64->64 @16", 64, 16, 64, 3, 1, 1),
+    ("conv_bn_relu 3x3 32->64 @56", 32, 56, 64, 3, 1, 1),
 )
 QUICK = ("3x3 64->64 @56", "1x1 256->64 @56", "dw 3x3 32 @112")
 
 
-def conv_graph(c: int, h: int, m: int, k: int, stride: int, group: int, bn_relu: bool = False) -> Graph:
+def conv_graph(c: int, h: int, m: int, k: int, stride: int, group: int, bn_relu: bool = False, batch: int = 1) -> Graph:
     rng = np.random.default_rng(0)
     g = GraphBuilder("conv", dtype="float32")
-    x = g.input("x", (1, c, h, h))
+    x = g.input("x", (batch, c, h, h))
     w = g.const((rng.standard_normal((m, c // group, k, k)) / np.sqrt(c // group * k * k)).astype(F32))
     p = k // 2
     y = g.op("Conv", x, w, strides=(stride, stride), pads=(p, p, p, p), group=group)
@@ -99,30 +105,31 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int, min_s: float 
     return out
 
 
-def bench_algos(rounds: int, quick: bool) -> None:
-    print(f"{'shape':32s} {'im2col ms':>14s} {'direct ms':>14s} {'numpy ms':>14s}  winner  rule")
+def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
+    algos = ("im2col", "shifted", "direct")
+    print(f"{'shape':32s} {'im2col ms':>14s} {'shifted ms':>14s} {'direct ms':>14s} {'numpy ms':>14s}  winner   rule")
     ref = get_op("Conv").reference
     for label, c, h, m, k, s, grp in SHAPES:
         if quick and label not in QUICK:
             continue
-        graph = conv_graph(c, h, m, k, s, grp)
-        x = np.random.default_rng(1).standard_normal((1, c, h, h)).astype(F32)
-        progs = {a: build_program(with_algo(graph, a)) for a in ("im2col", "direct")}
+        graph = conv_graph(c, h, m, k, s, grp, batch=batch)
+        x = np.random.default_rng(1).standard_normal((batch, c, h, h)).astype(F32)
+        run = [a for a in algos if a != "shifted" or s == 1]  # a strided conv runs im2col for "shifted"
+        progs = {a: build_program(with_algo(graph, a)) for a in run}
         conv = graph.nodes[0]
         wv = graph.constants[conv.inputs[1]]
         attrs = {**get_op("Conv").attrs, **conv.attrs}
         want = progs["im2col"].run({"x": x})[graph.outputs[0]].copy()
-        got = progs["direct"].run({"x": x})[graph.outputs[0]]
-        assert np.allclose(got, want, rtol=1e-3, atol=1e-4), label
-        res = interleaved({
-            "im2col": lambda p=progs["im2col"], x=x: p.run({"x": x}),
-            "direct": lambda p=progs["direct"], x=x: p.run({"x": x}),
-            "numpy": lambda a=attrs, x=x, w=wv: ref(a, x, w),
-        }, rounds)
-        winner = min(("im2col", "direct"), key=lambda a: res[a][0])
-        rule = choose_conv_algo(c // grp, m // grp, k, k)
-        cell = {a: f"{res[a][0]:8.2f} ±{res[a][1]:4.2f}" for a in res}
-        print(f"{label:32s} {cell['im2col']:>14s} {cell['direct']:>14s} {cell['numpy']:>14s}  {winner:6s}  {rule}")
+        for a in run[1:]:
+            got = progs[a].run({"x": x})[graph.outputs[0]]
+            assert np.allclose(got, want, rtol=1e-3, atol=1e-4), (label, a)
+        fns: dict[str, Callable[[], object]] = {a: (lambda p=progs[a], x=x: p.run({"x": x})) for a in run}
+        fns["numpy"] = lambda a=attrs, x=x, w=wv: ref(a, x, w)
+        res = interleaved(fns, rounds)
+        winner = min(run, key=lambda a: res[a][0])
+        rule = choose_conv_algo(c // grp, m // grp, k, k, (s, s), grp, (-(-h // s)) ** 2)
+        cell = {a: f"{res[a][0]:8.2f} ±{res[a][1]:4.2f}" if a in res else "-" for a in (*algos, "numpy")}
+        print(f"{label:32s} {cell['im2col']:>14s} {cell['shifted']:>14s} {cell['direct']:>14s} {cell['numpy']:>14s}  {winner:7s}  {rule}")
 
 
 def bench_fused(rounds: int, quick: bool) -> None:
@@ -147,9 +154,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="three shapes only")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--only", choices=("algos", "fused"), default=None)
+    ap.add_argument("--batch", type=int, default=1, help="images per conv in the algorithm table")
     args = ap.parse_args()
     if args.only != "fused":
-        bench_algos(args.rounds, args.quick)
+        bench_algos(args.rounds, args.quick, args.batch)
     if args.only != "algos":
         bench_fused(args.rounds, args.quick)
 

@@ -1,7 +1,7 @@
-"""Conv kernels (ONNX Conv, NCHW, 1-D and 2-D): im2col + BLAS, or a direct loop nest, with the
-fused epilogue applied to each output block while it is in cache.
+"""Conv kernels (ONNX Conv, NCHW, 1-D and 2-D): im2col + BLAS, shifted-view GEMMs, or a direct
+loop nest, with the fused epilogue applied to each output block while it is in cache.
 
-Two algorithms, one epilogue:
+Three algorithms, one epilogue:
 
 * ``im2col``: the output is cut into blocks of whole output rows, one block per (image, group,
   row block) task of a ``prange``. A task copies the input patches of its block into a scratch
@@ -10,40 +10,57 @@ Two algorithms, one epilogue:
   block, and runs the epilogue over that block while it is in cache. ``col`` is sized to stay in
   L2 (:data:`COL_BYTES`); the split point ``ConvOutputSplitFusionPass.rows`` (schedule key
   ``conv_rows``) sets the rows per block instead.
+* ``shifted`` (stride 1 only): no patch copy. A task copies its rows of the input once, zero
+  padded to width ``wp = W + pads``; on that grid output position ``oh * wp + ow`` reads input
+  position ``oh * wp + ow + kh * dh * wp + kw * dw`` for tap (kh, kw), so each tap's operand is the
+  same padded block at another offset, and the block is the sum over the kh*kw taps of one GEMM
+  each (weights reordered to (tap, M, C) once per call; :func:`gemm_at32` takes the strided views).
+  The ``wp - ow`` extra columns per row are computed and dropped. A 1x1 conv without padding reads
+  the input in place. Blocks hold about :data:`SHIFT_POSITIONS` positions; ``conv_rows`` applies.
 * ``direct``: one task per (image, group, block of :data:`DIRECT_MB` output channels, output row);
   it accumulates ``acc[j, ow] += w[m, c, kh, kw] * x[n, c, ih, ow * sw + off]`` over the input
   channels and taps, the inner loop running over the output row (contiguous loads at stride 1,
   so LLVM vectorizes it), then applies the epilogue to the row.
 
-Which one runs: schedule ``conv_algo`` ("im2col" | "direct") when a pass set it
-(ConvOutputSplitFusionPass.algo), else :func:`choose_conv_algo`. Measured with
-benchmarks/bench_conv.py on this machine (2-core Xeon, 2 MiB L2 per core, shared), float32,
-batch 1, medians of 5 interleaved rounds, ``NUMBA_NUM_THREADS=1`` (per-core cost; with 2 threads
-the machine's other load quantized every parallel kernel to ~7-8 ms and hid the difference):
+Which one runs: schedule ``conv_algo`` ("im2col" | "shifted" | "direct") when a pass set it
+(ConvOutputSplitFusionPass.algo; "shifted" on a strided conv runs im2col), else
+:func:`choose_conv_algo`. Measured with benchmarks/bench_conv.py on this machine (2-core Sapphire
+Rapids Xeon, 2 MiB L2 per core), float32, batch 1, medians of 5 interleaved rounds on one core
+(``NUMBA_NUM_THREADS=1``, taskset -c 0, the other core busy with another benchmark, loadavg ~1):
 
-    shape                          im2col   direct   numpy ref   (ms)
-    stem 7x7 s2 3->64 @224           4.88    40.05     7.21
-    3x3 64->64 @56                   3.05     6.37     6.05
-    1x1 64->256 @56                  1.02     1.71     1.06
-    1x1 256->64 @56                  1.21     3.30     1.81
-    3x3 s2 128->128 @56              2.36    35.44     3.93
-    1x1 s2 256->512 @56              1.61    49.77     2.02
-    3x3 256->256 @14                 2.24    19.42     2.24
-    3x3 512->512 @7                  3.17    16.37     2.76
-    depthwise 3x3 32 @112            1.83     0.36     3.00
-    depthwise 3x3 s2 96 @112         0.60     0.37     7.99
-    depthwise 3x3 256 @28            1.14     0.42     6.29
-    grouped 3x3 g32 256->256 @28     1.19     4.37     2.20
+    shape                          im2col  shifted   direct   numpy ref   (ms)
+    stem 7x7 s2 3->64 @224           3.49        -    35.34     8.27
+    3x3 64->64 @56                   3.33     2.22     6.48     7.79
+    1x1 64->256 @56                  1.07     1.21     2.04     1.18
+    1x1 256->64 @56                  1.29     1.24     3.26     1.94
+    3x3 s2 128->128 @56              2.46        -    36.04     4.70
+    1x1 s2 256->512 @56              1.73        -    50.22     3.82
+    3x3 256->256 @14                 2.38     2.06    19.62     2.47
+    3x3 512->512 @7                  3.42     4.93    17.02     3.17
+    depthwise 3x3 32 @112            1.78     0.99     0.36     3.07
+    depthwise 3x3 s2 96 @112         0.62        -     0.38     8.22
+    depthwise 3x3 256 @28            1.19     0.63     0.43     6.78
+    grouped 3x3 g32 256->256 @28     1.22     0.45     4.39     2.34
+    resnet_cnn stem 3x3 3->32 @64    0.17     0.15     0.24     0.25
+    resnet_cnn 3x3 32->32 @32        0.41     0.17     2.71     0.64
+    resnet_cnn 3x3 s2 32->64 @32     0.16        -     1.29     0.38
+    resnet_cnn 3x3 64->64 @16        0.28     0.16     2.33     0.42
+    conv_bn_relu 3x3 32->64 @56      1.51     0.93     3.45     2.16
 
-im2col wins every dense and grouped conv (2x to 30x; the direct kernel has no register blocking
-over channels, and at stride 2 its loads are strided); direct wins every depthwise conv (2.7x to
-5x): there the GEMM is a (1 x 9) by (9 x P) product, so the BLAS call and the patch copy cost
-more than the arithmetic.
+Shifted wins every stride-1 conv with more than a few dozen output positions (1.1x to 2.7x over
+im2col): it copies the input once instead of kh*kw times, and its GEMMs over ~512 positions run
+at 90-135 GFLOP/s where OpenBLAS reaches ~70-100 on im2col's longer, thinner blocks. It loses at
+3x3 512->512 @7 (49 positions: the 2.4M-element weight reorder and 63-column GEMMs) and is even
+with im2col on 1x1 convs (no patch copy either way). im2col wins every strided dense conv; direct
+wins every depthwise conv (1.5x to 2.7x over the next): there the GEMM is a (1 x 9) by (9 x P)
+product, so the BLAS calls cost more than the arithmetic.
 
-``choose_conv_algo`` encodes the result: depthwise and other thin-group convolutions (K =
-C/group * kh * kw below :data:`DIRECT_MAX_K`, or fewer than :data:`DIRECT_MAX_MG` output
-channels per group) run direct; everything else runs im2col. The K threshold sits between the
-measured depthwise (K = 9) and grouped (K = 72) cases; shapes in between were not measured.
+``choose_conv_algo`` encodes the result: depthwise and other thin-group convolutions (group > 1
+and K = C/group * kh * kw below :data:`DIRECT_MAX_K`, or fewer than :data:`DIRECT_MAX_MG` output
+channels per group) run direct; stride-1 convs with at least :data:`SHIFT_MIN_POSITIONS` output
+positions per image run shifted; everything else runs im2col. The K threshold sits between the
+measured depthwise (K = 9) and grouped (K = 72) cases; the positions threshold between the
+measured 49 and 196.
 
 The epilogue: every other node of the group is an elementwise op of ``rules.SCALAR_RULES``
 (bias, Relu, Clip, LeakyRelu, HardSwish, a residual Add of a same-shape tensor, an unfolded
@@ -58,6 +75,7 @@ from typing import Any
 
 import numba
 import numpy as np
+from numba import types
 
 from fusiontune.codegen._window import Window, col_range, window_of
 from fusiontune.codegen.blas import gemm_name
@@ -75,11 +93,18 @@ from fusiontune.codegen.rules import SCALAR_RULES, literal, scalar_expr
 from fusiontune.ir.graph import Node, Shape
 from fusiontune.ir.ops import get_op
 
-CONV_ALGOS = ("im2col", "direct")
+CONV_ALGOS = ("im2col", "direct", "shifted")
 """Values of a group's ``schedule["conv_algo"]`` (absent: :func:`choose_conv_algo` decides)."""
 
 COL_BYTES = 512 * 1024
 """Target size of an im2col task's patch matrix: well inside this machine's 2 MiB L2 per core."""
+SHIFT_POSITIONS = 512
+"""Output positions (padded-width grid) a shifted task computes: measured best for OpenBLAS here
+(M=32, K=32: 134 GFLOP/s at 544 positions, 90 at 1088)."""
+SHIFT_MIN_POSITIONS = 100
+"""A stride-1 conv with fewer output positions per image than this runs im2col: its shifted GEMMs
+would be too short to pay for reordering the weights every call (3x3 512->512 @7, 49 positions:
+im2col 3.4 ms, shifted 4.9; @14, 196 positions: shifted wins)."""
 DIRECT_MB = 4
 """Output channels a direct task accumulates together (each input row it loads serves all of them)."""
 DIRECT_MAX_K = 32
@@ -88,11 +113,51 @@ DIRECT_MAX_MG = 4
 """A conv with fewer output channels per group than this runs direct (the GEMM would be too thin)."""
 
 
-def choose_conv_algo(cg: int, mg: int, kh: int, kw: int) -> str:
+# Fortran ?gemm with every argument by pointer; the symbols are registered by codegen/blas.py.
+_GEMM_SIG = types.void(*([types.intp] * 13))
+_sgemm_ptr = types.ExternalFunction("fusiontune_sgemm", _GEMM_SIG)
+_dgemm_ptr = types.ExternalFunction("fusiontune_dgemm", _GEMM_SIG)
+
+
+def _make_gemm_at(blas: Any, dtype: type, width: int) -> Any:
+    @numba.njit(cache=True, nogil=True)
+    def gemm_at(m, n, k, a, lda, b, ldb, c, ldc, beta):  # type: ignore[no-untyped-def]
+        # Row-major C(m, n) = A(m, k) @ B(k, n) + beta * C over raw addresses with row strides
+        # (in elements): the column-major C^T = B^T @ A^T, as codegen/blas.py does.
+        dims = np.empty(6, dtype=np.int32)
+        dims[0] = n
+        dims[1] = m
+        dims[2] = k
+        dims[3] = ldb
+        dims[4] = lda
+        dims[5] = ldc
+        trans = np.empty(1, dtype=np.uint8)
+        trans[0] = 78  # 'N'
+        scal = np.empty(2, dtype=dtype)
+        scal[0] = 1.0
+        scal[1] = beta
+        p = dims.ctypes.data
+        t = trans.ctypes.data
+        blas(t, t, p, p + 4, p + 8, scal.ctypes.data, b, p + 12, a, p + 16, scal.ctypes.data + width, c, p + 20)
+
+    return gemm_at
+
+
+gemm_at32 = _make_gemm_at(_sgemm_ptr, np.float32, 4)
+gemm_at64 = _make_gemm_at(_dgemm_ptr, np.float64, 8)
+"""``gemm_at32(m, n, k, a, lda, b, ldb, c, ldc, beta)``: GEMM over addresses and row strides, for
+the shifted kernels' strided views of the padded input (codegen/blas.py takes whole arrays)."""
+
+
+def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, stride: tuple[int, int] = (1, 1), group: int = 1,
+                     positions: int = SHIFT_MIN_POSITIONS) -> str:
     """The algorithm the measurements favour for a conv with ``cg`` input and ``mg`` output
-    channels per group and a ``kh x kw`` kernel (see the module docstring)."""
-    if cg * kh * kw < DIRECT_MAX_K or mg < DIRECT_MAX_MG:
+    channels per group, a ``kh x kw`` kernel, ``stride``, ``group`` groups and ``positions``
+    output positions per image (see the module docstring)."""
+    if (group > 1 and cg * kh * kw < DIRECT_MAX_K) or mg < DIRECT_MAX_MG:
         return "direct"
+    if tuple(stride) == (1, 1) and positions >= SHIFT_MIN_POSITIONS:
+        return "shifted"
     return "im2col"
 
 
@@ -170,9 +235,11 @@ def generate_conv_kernel(
     CG, MG = win.c // group, M // group
     K = CG * win.kh * win.kw
     P = win.oh * win.ow
-    algo = schedule.get("conv_algo") or choose_conv_algo(CG, MG, win.kh, win.kw)
+    algo = schedule.get("conv_algo") or choose_conv_algo(CG, MG, win.kh, win.kw, (win.sh, win.sw), group, P)
     if algo not in CONV_ALGOS:
         raise ValueError(f"schedule conv_algo={algo!r}: expected one of {CONV_ALGOS}")
+    if algo == "shifted" and (win.sh, win.sw) != (1, 1):
+        algo = "im2col"  # the shifted views need unit stride; a schedule asking for it gets im2col
 
     for n in epi:
         for v in (*n.inputs, *n.outputs):
@@ -235,6 +302,11 @@ def generate_conv_kernel(
         rows = int(schedule.get("conv_rows", 0)) or _im2col_rows(win, K, group, np.dtype(dtype).itemsize)
         lines += _im2col_body(win, group, CG, MG, K, min(rows, win.oh), dtype, ax, aw, body, parallel)
         imports = ["from fusiontune.codegen.blas import gemm32, gemm64"]
+    elif algo == "shifted":
+        wp = win.w + win.pw + win.pe_w
+        rows = int(schedule.get("conv_rows", 0)) or _shifted_rows(win, wp, group)
+        lines += _shifted_body(win, group, CG, MG, min(rows, win.oh), wp, dtype, ax, aw, body, parallel)
+        imports = ["from fusiontune.codegen.conv import gemm_at32, gemm_at64"]
     else:
         lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
         imports = []
@@ -301,6 +373,96 @@ def _im2col_body(win: Window, group: int, cg: int, mg: int, k: int, rows: int, d
         "                p = p0 + q",
         "                acc = blk[mm, q]",
         *_epilogue_lines(body, "                "),
+    ]
+    return out
+
+
+def _shifted_rows(win: Window, wp: int, group: int) -> int:
+    """Output rows per shifted block: about :data:`SHIFT_POSITIONS` padded-width positions, rows
+    spread evenly over the blocks, and enough blocks to keep every thread busy."""
+    nblk = max(1, -(-win.oh * wp // SHIFT_POSITIONS))
+    threads = numba.config.NUMBA_NUM_THREADS
+    tasks = win.n * group
+    if tasks * nblk < 2 * threads:
+        nblk = max(nblk, -(-2 * threads // tasks))
+    return max(1, -(-win.oh // min(nblk, win.oh)))
+
+
+def _shifted_body(win: Window, group: int, cg: int, mg: int, rows: int, wp: int, dtype: str, ax: str, aw: str,
+                  body: Sequence[str], parallel: bool) -> list[str]:
+    """Stride-1 conv as kh*kw GEMMs over shifted views of the zero-padded input, no patch copy.
+
+    On the padded grid (width ``wp``), output position ``j = oh * wp + ow`` reads input position
+    ``j + kh * dh * wp + kw * dw`` for tap (kh, kw), for every channel: so the taps' (C, positions)
+    operands are the one padded block at different offsets (row stride ``cs``), and
+    ``blk = sum over taps of W[:, :, kh, kw] @ view``. The ``wp - ow`` columns past each output
+    row are computed and dropped (a read past a padded row lands in the next row or the slack).
+    """
+    nblk = -(-win.oh // rows)
+    prange = "numba.prange" if parallel else "range"
+    gemm = {"float32": "gemm_at32", "float64": "gemm_at64"}[dtype]
+    isz = np.dtype(dtype).itemsize
+    taps = win.kh * win.kw
+    halo = (win.kh - 1) * win.dh
+    slack = (win.kw - 1) * win.dw
+    # A 1x1 conv without padding reads the input in place: its (C, positions) operand is a slice.
+    in_place = win.kh == win.kw == 1 and win.ph == win.pw == win.pe_h == win.pe_w == 0
+    out = [
+        f"    wt = np.empty(({group}, {taps}, {mg}, {cg}), dtype=np.{dtype})",
+        f"    for gm in {prange}({group * mg}):",
+        f"        for c in range({cg}):",
+        f"            for i in range({win.kh}):",
+        f"                for j in range({win.kw}):",
+        f"                    wt[gm // {mg}, i * {win.kw} + j, gm % {mg}, c] = {aw}[gm, c, i, j]",
+        f"    for t in {prange}({win.n * group * nblk}):",
+        f"        n = t // {group * nblk}",
+        f"        g = (t // {nblk}) % {group}",
+        f"        r0 = (t % {nblk}) * {rows}",
+        f"        r1 = min(r0 + {rows}, {win.oh})",
+        f"        pl = (r1 - r0) * {wp}",
+        f"        blk = np.empty(({mg}, pl), dtype=np.{dtype})",
+    ]
+    if in_place:
+        out += [
+            f"        src = {ax}.ctypes.data + ((n * {win.c} + g * {cg}) * {win.h * win.w} + r0 * {win.w}) * {isz}",
+            f"        {gemm}({mg}, pl, {cg}, wt[g, 0].ctypes.data, {cg}, src, {win.h * win.w}, blk.ctypes.data, pl, 0.0)",
+        ]
+    else:
+        out += [
+            f"        nr = r1 - r0 + {halo}",
+            f"        cs = nr * {wp} + {slack}",
+            f"        xp = np.empty(({cg}, cs), dtype=np.{dtype})",
+            f"        for c in range({cg}):",
+            f"            ci = g * {cg} + c",
+            "            for i in range(nr):",
+            f"                ih = r0 + i - {win.ph}",
+            f"                q = i * {wp}",
+            f"                if ih < 0 or ih >= {win.h}:",
+            f"                    for u in range({wp}):",
+            "                        xp[c, q + u] = 0.0",
+            "                else:",
+            f"                    for u in range({win.pw}):",
+            "                        xp[c, q + u] = 0.0",
+            f"                    for u in range({win.w}):",
+            f"                        xp[c, q + {win.pw} + u] = {ax}[n, ci, ih, u]",
+            f"                    for u in range({win.pw + win.w}, {wp}):",
+            "                        xp[c, q + u] = 0.0",
+            f"            for u in range(nr * {wp}, cs):",
+            "                xp[c, u] = 0.0",
+            f"        for tap in range({taps}):",
+            f"            sh = (tap // {win.kw}) * {win.dh * wp} + (tap % {win.kw}) * {win.dw}",
+            f"            {gemm}({mg}, pl, {cg}, wt[g, tap].ctypes.data, {cg}, xp.ctypes.data + sh * {isz}, cs,"
+            " blk.ctypes.data, pl, 0.0 if tap == 0 else 1.0)",
+        ]
+    out += [
+        f"        for mm in range({mg}):",
+        f"            m = g * {mg} + mm",
+        "            for oh in range(r0, r1):",
+        f"                q = (oh - r0) * {wp}",
+        f"                for ow in range({win.ow}):",
+        f"                    p = oh * {win.ow} + ow",
+        "                    acc = blk[mm, q + ow]",
+        *_epilogue_lines(body, "                    "),
     ]
     return out
 

@@ -62,7 +62,7 @@ GRID = {
 }
 
 
-@pytest.mark.parametrize("algo", ["im2col", "direct"])
+@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted"])
 @pytest.mark.parametrize("case", list(GRID))
 def test_conv_algorithm_matches_reference(case: str, algo: str) -> None:
     xs, ws, attrs, bias = GRID[case]
@@ -98,7 +98,7 @@ def _epilogue_block(g: GraphBuilder) -> tuple[Tensor, ...]:
     return r, g.op("Clip", r, min=0.0, max=1.5), g.op("HardSwish", y)
 
 
-@pytest.mark.parametrize("algo", ["im2col", "direct"])
+@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted"])
 def test_conv_epilogue_bn_residual_relu_clip_hardswish(algo: str) -> None:
     graph = _graph(_epilogue_block)
     src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": algo})
@@ -137,11 +137,15 @@ def test_conv_kernel_refuses_3d_prologue_and_partial_broadcast() -> None:
         kernel_source(part, [n.name for n in part.nodes])
 
 
-def test_conv_algo_rule_direct_for_depthwise_im2col_for_dense() -> None:
-    assert choose_conv_algo(1, 1, 3, 3) == "direct"  # depthwise
-    assert choose_conv_algo(64, 64, 3, 3) == "im2col"
-    assert choose_conv_algo(256, 64, 1, 1) == "im2col"
-    assert choose_conv_algo(8, 8, 3, 3) == "im2col"  # grouped, 72-long reduction
+def test_conv_algo_rule_direct_for_depthwise_shifted_for_dense_stride1_else_im2col() -> None:
+    assert choose_conv_algo(1, 1, 3, 3, group=32) == "direct"  # depthwise
+    assert choose_conv_algo(64, 64, 3, 3) == "shifted"
+    assert choose_conv_algo(512, 512, 3, 3, positions=49) == "im2col"  # too few positions
+    assert choose_conv_algo(3, 32, 3, 3) == "shifted"  # a dense stem: 27-long reduction, one group
+    assert choose_conv_algo(256, 64, 1, 1) == "shifted"
+    assert choose_conv_algo(64, 64, 3, 3, (2, 2)) == "im2col"
+    assert choose_conv_algo(3, 64, 7, 7, (2, 2)) == "im2col"  # strided stem
+    assert choose_conv_algo(8, 8, 3, 3, group=32) == "shifted"  # grouped, 72-long reduction
 
 
 def test_unknown_conv_algo_is_an_error() -> None:

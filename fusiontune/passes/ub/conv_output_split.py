@@ -19,9 +19,10 @@ def conv_output_split_fusion(fused: FusedGraph, ctx: PassContext) -> FusedGraph:
     computed by one GEMM over its patches and each fused with the epilogue while the block is in
     cache. Identity: every output element is the same dot product over the same patch, whatever
     block holds it, exactly. ``rows = 0`` leaves the kernel's own sizing (patch matrix within L2).
-    ``algo``: 0 the codegen rule (codegen/conv.py ``choose_conv_algo``), 1 im2col + GEMM, 2 the
-    direct loop kernel; the two sum the same products in a different order (rounding only).
-    Preconditions: none beyond a Conv in the kernel; ``rows`` only changes im2col kernels.
+    ``algo``: 0 the codegen rule (codegen/conv.py ``choose_conv_algo``, which may pick the shifted
+    GEMMs), 1 im2col + GEMM, 2 the direct loop kernel; they sum the same products in a different
+    order (rounding only). Preconditions: none beyond a Conv in the kernel; ``rows`` only changes
+    im2col and shifted kernels.
     """
     rows, algo = ctx.split("rows"), ctx.split("algo")
     if rows <= 0 and algo <= 0:
