@@ -284,6 +284,30 @@ def _batch_norm(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, Any])
     return imp.emit("BatchNorm", [x, *params], {"eps": float(attrs.get("epsilon", 1e-5))}, node.output[:1])
 
 
+@_conv("LRN")
+def _lrn(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, Any]) -> list[str]:
+    """Local response normalization across channels, written with catalogue ops:
+    ``x / (bias + alpha / size * square_sum) ** beta``, where ``square_sum`` (the sum of x^2 over
+    the channel window ``[c - floor((size-1)/2), c + ceil((size-1)/2)]``) is a Conv of x^2, seen
+    as an (N, 1, C, H*W) image, with a (1, 1, size, 1) kernel of ones and zero padding."""
+    x = ins[0]
+    shape = imp.shape(x)
+    dtype = imp.dtype(x)
+    size = int(attrs["size"])
+    alpha, beta, bias = float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)), float(attrs.get("bias", 1.0))
+    rest = int(np.prod(shape[2:]))
+    sq = imp.emit("Mul", [x, x], tag="square")[0]
+    image = imp.reshape(sq, (shape[0], 1, shape[1], rest), tag="channels_as_rows")
+    ones = imp.const(np.ones((1, 1, size, 1), dtype), "window")
+    pads = ((size - 1) // 2, 0, size - 1 - (size - 1) // 2, 0)
+    window = imp.emit("Conv", [image, ones], {"pads": pads}, tag="square_sum")[0]
+    total = imp.reshape(window, shape, tag="square_sum_shape")
+    scaled = imp.emit("Mul", [total, imp.const(np.asarray(alpha / size, dtype), "alpha")], tag="scale")[0]
+    base = imp.emit("Add", [scaled, imp.const(np.asarray(bias, dtype), "bias")], tag="bias")[0]
+    denom = imp.emit("Pow", [base, imp.const(np.asarray(beta, dtype), "beta")], tag="pow")[0]
+    return imp.emit("Div", [x, denom], None, node.output[:1])
+
+
 # ---- contractions and windows ----------------------------------------------------------------
 @_conv("MatMul")
 def _matmul(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, Any]) -> list[str]:
