@@ -57,8 +57,17 @@ ATTENTION_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 """A hash of this file: kernels inline the GEMM helpers below, so their cache key quotes it."""
 
 DEFAULT_Q_BLOCK = 64
-"""Query rows per task. 64 rows x 64..128 keys keep S, P and the accumulator in L1/L2, and the GEMMs
-are large enough for BLAS to run near its peak (measured in benchmarks/bench_attention.py)."""
+"""Query rows per task when the keys are cut into blocks. 64 rows x 64..128 keys keep S, P and the
+accumulator in L1/L2, and the GEMMs are large enough for BLAS to run near its peak (measured in
+benchmarks/bench_attention.py); small row blocks also let the causal skip test drop more blocks."""
+
+MAX_Q_BLOCK = 256
+"""Query rows per task, at most, when all keys are one block (``kv_block = 0``)."""
+
+SCORE_BLOCK_BYTES = 256 << 10
+"""With all keys in one block, the row block grows (up to :data:`MAX_Q_BLOCK`) while its score
+block S stays within this many bytes (in L2): the GEMMs run faster on more rows. 4x8x256x64
+float32 on one core: 7.2 ms with 64 rows, 7.1 with 128, 6.3 with 256 (S = 256 KiB)."""
 
 UNDERFLOW = {"float32": 128.0, "float64": 760.0}
 """exp(-x) is exactly 0 beyond these (float32 underflows below -103.98, float64 below -745.2)."""
@@ -112,7 +121,8 @@ def generate_attention_kernel(
         inputs: the group's array inputs (q, k, v and a non-scalar mask).
         outputs: the group's outputs (the node's output).
         name: the kernel function's name.
-        q_block: query rows per task (0: :data:`DEFAULT_Q_BLOCK`, fewer when that leaves threads idle).
+        q_block: query rows per task (0: :data:`DEFAULT_Q_BLOCK`, more when all keys are one block
+            (:data:`SCORE_BLOCK_BYTES`), fewer when that leaves threads idle).
         approx: exp as ``exp_approx``.
 
     Raises:
@@ -158,6 +168,8 @@ def generate_attention_kernel(
     nkb = -(-Sk // KB)
     threads = max(1, numba.config.NUMBA_NUM_THREADS)  # a literal: keeps the kernel cacheable
     RB = q_block if q_block > 0 else DEFAULT_Q_BLOCK
+    while q_block <= 0 and nkb == 1 and RB < min(MAX_Q_BLOCK, Sq) and 2 * RB * KB * np.dtype(dtype).itemsize <= SCORE_BLOCK_BYTES:
+        RB *= 2
     while q_block <= 0 and RB > 16 and B * -(-Sq // RB) < 2 * threads:
         RB //= 2
     RB = min(RB, Sq)
@@ -187,6 +199,29 @@ def generate_attention_kernel(
     e(f"    qp = {an[q]}.ctypes.data")
     e(f"    kp = {an[k]}.ctypes.data")
     e(f"    vp = {an[v]}.ctypes.data")
+    if skip:
+        # The keys' half of the skip bound, once per (batch, key block) rather than once per row
+        # block: max_j ||k_j|| with a margin, plus 0 * sum(V_blk), NaN when V_blk is not finite.
+        e(f"    kbound = np.empty(({B}, {nkb}), dtype={T})")
+        e(f"    for t in {'numba.prange' if parallel else 'range'}({B * nkb}):")
+        e(f"        bi = t // {nkb}")
+        e(f"        jb = t % {nkb}")
+        e(f"        kbi = {k_b}")
+        e(f"        vbi = {v_b}")
+        e(f"        j0 = jb * {KB}")
+        e(f"        nk = min({KB}, {Sk} - j0)")
+        e(f"        kn = {T}(0.0)")
+        e("        for j in range(nk):")
+        e(f"            a = {T}(0.0)")
+        e(f"            for d in range({D}):")
+        e(f"                x = {an[k]}[kbi, j0 + j, d]")
+        e("                a += x * x")
+        e("            kn = fmaximum(kn, a)")
+        e(f"        vz = {T}(0.0)")
+        e("        for j in range(nk):")
+        e(f"            for d in range({Dv}):")
+        e(f"                vz += {an[v]}[vbi, j0 + j, d] * {T}(0.0)")
+        e(f"        kbound[bi, jb] = np.sqrt(kn) * {T}(1.001) + vz")
     e(f"    for t in {'numba.prange' if parallel else 'range'}({B * nqb}):")
     e(f"        bi = t // {nqb}")
     # Row blocks in the order 0, n-1, 1, n-2, ...: a causal mask makes late blocks the expensive
@@ -220,23 +255,18 @@ def generate_attention_kernel(
     e(f"            nk = min({KB}, {Sk} - j0)")
     if skip:
         # The skip test (module docstring): every score of the block is UNDERFLOW below the max.
-        e(f"            kn = {T}(0.0)")
-        e("            for j in range(nk):")
-        e(f"                a = {T}(0.0)")
-        e(f"                for d in range({D}):")
-        e(f"                    x = {an[k]}[kbi, j0 + j, d]")
-        e("                    a += x * x")
-        e("                kn = fmaximum(kn, a)")
-        e(f"            vz = {T}(0.0)")
-        e("            for j in range(nk):")
-        e(f"                for d in range({Dv}):")
-        e(f"                    vz += {an[v]}[vbi, j0 + j, d] * {T}(0.0)")
-        e(f"            kn = np.sqrt(kn) * {T}(1.001) + vz")
+        e("            kn = kbound[bi, jb]")
         e("            negligible = True")
+        rows_alike = mask_lit is not None or mq == 1  # the mask's row max is the same for every row
+        if rows_alike:
+            e(f"            mm = {T}(-np.inf)")
+            e("            for j in range(nk):")
+            e(f"                mm = fmaximum(mm, {mask_at('r0', 'j0 + j')})")
         e("            for i in range(nr):")
-        e(f"                mm = {T}(-np.inf)")
-        e("                for j in range(nk):")
-        e(f"                    mm = fmaximum(mm, {mask_at('r0 + i', 'j0 + j')})")
+        if not rows_alike:
+            e(f"                mm = {T}(-np.inf)")
+            e("                for j in range(nk):")
+            e(f"                    mm = fmaximum(mm, {mask_at('r0 + i', 'j0 + j')})")
         e("                bound = mm + qn[i] * kn")
         e("                if bound != -np.inf:  # a margin for the rounding of S, scale and mask")
         e(f"                    bound = bound + abs(bound) * {T}(1e-5)")
