@@ -7,7 +7,7 @@ WORKLOAD ?= transformer_block
 
 SPACE ?= search_spaces/transformer_block.toml
 
-.PHONY: setup tune bisect run test test-fast bench lint clean
+.PHONY: setup tune bisect run test test-fast bench peers lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,16 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_samplers.py
 	$(BIN)/python benchmarks/bench_approx.py
+	$(BIN)/python benchmarks/bench_conv.py
+	$(BIN)/python benchmarks/bench_attention.py
+
+## fusiontune beside onnxruntime, JAX jit, torch.compile, numpy and numexpr (benchmarks/RESULTS.md).
+## torch is the CPU wheel of 2.13.0 (a plain `torch` from PyPI pulls the CUDA build); a peer that
+## does not install is skipped with a note.
+peers: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[peers]'
+	$(BIN)/python -m pip install -q torch==2.13.0 || echo "peers: torch 2.13.0 did not install: torch.compile is skipped"
+	$(BIN)/python benchmarks/peers.py --sweep 8
 
 lint: $(STAMP)
 	$(BIN)/python -m pip install -q ruff mypy

@@ -496,6 +496,22 @@ def bench_case(name: str, args: argparse.Namespace, base_config: Any, threads: i
     return case, runs, res
 
 
+NOTES_START, NOTES_END = "<!-- notes:start -->", "<!-- notes:end -->"
+
+
+def kept_notes(path: Path) -> list[str]:
+    """The hand-written notes block of an existing results file (why a goal is missed, what was
+    tried), kept when the figures are rewritten; the notes name the run they were written for."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
+    start, end = text.find(NOTES_START), text.find(NOTES_END)
+    if start < 0 or end < start:
+        return []
+    return [*text[start : end + len(NOTES_END)].splitlines(), ""]
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, print the tables, write RESULTS.md; return every figure.
 
@@ -581,7 +597,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     figures["loadavg_end"] = list(os.getloadavg())
     tail = ["## Goals", "", *goals, "", f"loadavg at end: {' '.join(f'{v:.2f}' for v in figures['loadavg_end'])}", ""]
     print("\n".join(tail))
-    args.results.write_text("\n".join(header + ["## Results", ""] + body + tail), encoding="utf-8")
+    notes = kept_notes(args.results)
+    args.results.write_text("\n".join(header + notes + ["## Results", ""] + body + tail), encoding="utf-8")
     print(f"wrote {args.results}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
