@@ -202,7 +202,14 @@ def generate_loop_kernel(
     lines: list[str] = []
     out = lines.append
 
-    def emit_node(n: Node, ind: str) -> None:
+    def fenced(expr: str, dtype: str) -> str:
+        # A per-row float value is computed once, outside the inner loops, and fenced: under
+        # reassoc LLVM would sink a division into the loop (v * (1 / s) -> v / s, numerics.py's
+        # arith_fence), one division per element instead of one per row. Without inner loops
+        # the outer loop is the elementwise loop itself, and a fence there would keep it scalar.
+        return f"arith_fence({expr})" if inner and dtype in ("float32", "float64") else expr
+
+    def emit_node(n: Node, ind: str, per_row: bool = False) -> None:
         dtype = low.values[n.outputs[0]].dtype
         lit_dtype = dtype if dtype != "bool" else low.values[n.inputs[0]].dtype
         operands = [var[i] for i in n.inputs]
@@ -213,6 +220,8 @@ def generate_loop_kernel(
             expr = scalar_expr(n.op, operands, {**get_op(n.op).attrs, **n.attrs}, lambda c: literal(c, lit_dtype), dtype, approx)
         if n.op not in EXACT_OPS:
             expr = round_expr(expr, precision, dtype)
+        if per_row:
+            expr = fenced(expr, dtype)
         out(f"{ind}{var[n.outputs[0]]} = {expr}")
 
     def load(v: str) -> str:
@@ -259,7 +268,7 @@ def generate_loop_kernel(
             o = n.outputs[0]
             if n.op in REDUCE_RULES or element[o] or o in done_lead or depth[o] > ready_depth:
                 continue
-            emit_node(n, ind)
+            emit_node(n, ind, per_row=True)
             done_lead.add(o)
             if o in outputs and not looped[o]:
                 out(f"{ind}{arg_name[o]}{index(o)} = {var[o]}")
@@ -331,7 +340,8 @@ def generate_loop_kernel(
                 acc=f"acc_{var[n.outputs[0]]}", flag=f"flag_{var[n.outputs[0]]}", inv_n=inv,
                 nan=literal(float("nan"), low.values[n.outputs[0]].dtype),
             )
-            out(f"{ind}{var[n.outputs[0]]} = {round_expr(fin, precision, low.values[n.outputs[0]].dtype)}")
+            fin = round_expr(fin, precision, low.values[n.outputs[0]].dtype)
+            out(f"{ind}{var[n.outputs[0]]} = {fenced(fin, low.values[n.outputs[0]].dtype)}")
             done_lead.add(n.outputs[0])
             if n.outputs[0] in outputs and not looped[n.outputs[0]]:
                 out(f"{ind}{arg_name[n.outputs[0]]}{index(n.outputs[0])} = {var[n.outputs[0]]}")

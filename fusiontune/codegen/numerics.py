@@ -102,6 +102,27 @@ def fmaximum(typingctx, a, b):  # type: ignore[no-untyped-def]
     return a(a, a), codegen
 
 
+@intrinsic
+def arith_fence(typingctx, x):  # type: ignore[no-untyped-def]
+    """``x`` unchanged, as a barrier to fast-math rewrites (``llvm.arithmetic.fence``).
+
+    Loop-nest kernels wrap each per-row value (computed once, outside the inner loops) in it.
+    Under ``reassoc`` LLVM otherwise rewrites ``v * (1 / s)`` in a loop, the reciprocal
+    being hoisted and used once, into ``v / s``: a division per element (a softmax's scaling, a
+    LayerNorm's ``* rstd``), 5 cycles per 8 lanes against 0.5 for the product, and the reference's
+    rounding (a product by the rounded reciprocal) lost as well. It costs nothing at run time.
+    """
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        t = context.get_value_type(sig.args[0])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t]), f"llvm.arithmetic.fence.f{sig.args[0].bitwidth}")
+        return builder.call(fn, args)
+
+    return x(x), codegen
+
+
 # The fast-math flags of the approximations (fused multiply-adds only) and of the roundings (none):
 # see the module docstring.
 _APPROX_FASTMATH = {"contract"}

@@ -140,6 +140,7 @@ APPROX_RULES: dict[str, ScalarRule] = {
 # them imports them (codegen/common.py: kernel_header).
 NUMERICS_FUNCTIONS = (
     "exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx", "round_float16", "round_bfloat16", "fmaximum",
+    "arith_fence",
 )
 
 MATH_MODES = ("libm", "approx")

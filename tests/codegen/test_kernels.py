@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pytest
 
-from fusiontune.codegen import check_fusable, kernel_source
+from fusiontune.codegen import check_fusable, group_sources, kernel_source
 from fusiontune.ir import Graph, GraphBuilder, Tensor, random_inputs, run_graph
 from fusiontune.ir.expand import EXPANDABLE, expand
 from fusiontune.ir.ops import run_reference
@@ -165,6 +165,27 @@ def test_normalization_kernel_matches_reference(op: str) -> None:
     inputs = random_inputs(graph, seed=5)
     got = {k: np.array(v, copy=True) for k, v in prog.run(inputs).items()}
     assert_matches_interpreter(graph, got, inputs)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LayerNorm", "RMSNorm"])
+def test_normalization_kernel_divides_once_per_row(op: str) -> None:
+    # Softmax's 1/sum and the norms' 1/sqrt are per-row values; reassoc must not sink their
+    # division into the inner loop (v * (1/s) -> v / s): no vector fdiv in the kernel.
+    import re
+
+    g = GraphBuilder(f"rows_{op}")
+    x = g.input("x", (8, 256))
+    gamma = g.const(np.linspace(0.5, 1.5, 256, dtype=np.float32))
+    beta = g.const(np.linspace(-1.0, 1.0, 256, dtype=np.float32))
+    out = {"Softmax": lambda: g.softmax(x), "LayerNorm": lambda: g.layer_norm(x, gamma, beta),
+           "RMSNorm": lambda: g.rms_norm(x, gamma)}[op]()
+    g.output(out)
+    (src,) = [s for _, s in group_sources(FusedGraph.singletons(g.build()))]
+    namespace: dict[str, object] = {}
+    exec(src.source.replace("cache=True", "cache=False"), namespace)  # a fresh compile: its IR
+    llvm = "\n".join(namespace[src.name].inspect_llvm().values())  # type: ignore[attr-defined]
+    assert re.search(r"fmul[^\n]*<\d+ x float>", llvm), "the inner loop did not vectorize"
+    assert not re.search(r"fdiv[^\n]*<\d+ x float>", llvm)
 
 
 def _expanded_graph(graph: Graph) -> Graph:
