@@ -23,7 +23,8 @@ _DEFAULT_NBYTES = 256 << 20
 
 
 @functools.cache
-def _copy_kernel() -> Callable[[np.ndarray, np.ndarray], None]:
+def copy_kernel() -> Callable[[np.ndarray, np.ndarray], None]:
+    """The parallel numba copy `dst[i] = src[i]` that copy bandwidth is measured with."""
     import numba  # lazy: importing fusiontune.measure must not start numba
 
     @numba.njit(parallel=True, cache=True)
@@ -64,7 +65,7 @@ def measure_copy_bandwidth(nbytes: int = _DEFAULT_NBYTES, repeat: int = 5) -> fl
     Returns:
         Bytes per second, counting the bytes read plus the bytes written.
     """
-    return _best_copy_rate(_copy_kernel(), nbytes, repeat)
+    return _best_copy_rate(copy_kernel(), nbytes, repeat)
 
 
 @functools.cache
