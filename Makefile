@@ -7,7 +7,7 @@ WORKLOAD ?= transformer_block
 
 SPACE ?= search_spaces/transformer_block.toml
 
-.PHONY: setup tune bisect run test test-fast bench peers lint clean
+.PHONY: setup tune bisect run test test-fast test-zoo bench peers lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,9 +30,13 @@ bisect: $(STAMP)
 run: $(STAMP)
 	$(BIN)/fusiontune run $(WORKLOAD) --vs-all-off
 
-## Every test tier but bench (fast, slow, ray): what CI runs.
+## Every test tier but bench and zoo (fast, slow, ray): what CI runs.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not bench"
+	$(BIN)/python -m pytest -m "not bench and not zoo"
+
+## The heaviest ONNX zoo models of the backend walk (minutes each from a cold kernel cache).
+test-zoo: $(STAMP)
+	$(BIN)/python -m pytest -m zoo -s tests/onnx
 
 ## The fast tier only (the default of a plain `pytest`).
 test-fast: $(STAMP)

@@ -86,9 +86,9 @@ def _as_array(x: Any) -> np.ndarray:
     return numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x)
 
 
-def light_cases() -> Iterator[Case]:
+def light_cases(name: str = "*") -> Iterator[Case]:
     """Full-size CNNs with generated weights; inputs are ``arange(n) / n`` as onnx's runner makes them."""
-    for path in sorted(glob.glob(os.path.join(DATA, "light", "light_*.onnx"))):
+    for path in sorted(glob.glob(os.path.join(DATA, "light", f"light_{name}.onnx"))):
         model = onnx.load(path)
         inits = {t.name for t in model.graph.initializer}
         inputs = []
@@ -219,8 +219,19 @@ def test_backend_node_cases_match_expected_outputs(tmp_path: Any) -> None:
     _check(outcomes)
 
 
+# The light model zoo: full-size 224 x 224 CNNs. Measured from a cold kernel cache on the 2-core
+# machine: the three below take 58 to 123 s each (their many distinct conv kernels compile), so they
+# run in the `zoo` tier (`make test-zoo`), not in CI; the other six (alexnet, resnet50, shufflenet,
+# squeezenet, vgg19, zfnet512) take 14 to 30 s each and run in CI.
+ZOO_ONLY = ("densenet121", "inception_v1", "inception_v2")
+LIGHT = sorted(os.path.basename(p)[6:-5] for p in glob.glob(os.path.join(DATA, "light", "light_*.onnx")))
+
+
 @pytest.mark.slow
-def test_light_models_match_expected_outputs(tmp_path: Any) -> None:
-    """Full-size CNNs (224 x 224 inputs): slow in the float64 interpreter, hence the tier."""
-    outcomes = _walk("light", light_cases(), tmp_path)
-    _check(outcomes)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.zoo) if n in ZOO_ONLY else n for n in LIGHT]
+)
+def test_light_model_matches_expected_outputs(name: str, tmp_path: Any) -> None:
+    """One full-size CNN of onnx's light zoo: the interpreter and the defaults program."""
+    outcomes = _walk(f"light-{name}", (c for c in light_cases(name) if c.name == name), tmp_path)
+    assert [o.status for o in outcomes] == ["passed"], outcomes
