@@ -22,12 +22,12 @@ from fusiontune.config.flags import parse_flags
 from fusiontune.config.fusion_config import ConfigError, FusionConfig
 from fusiontune.config.fusion_result import write_fusion_result
 from fusiontune.config.switch_file import load_config
+from fusiontune.errors import UserError
 from fusiontune.ir.interpreter import run_graph
 from fusiontune.measure import ErrorMetrics, MeasureConfig, Timing, compare, time_callable
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.passes.registry import lookup
 from fusiontune.runtime import Program, build_program
-from fusiontune.errors import UserError
 from fusiontune.workloads import Workload, make_workload
 from fusiontune.workloads.onnx_model import ONNX_SUFFIX, OnnxSource, load_onnx_workload
 

@@ -23,7 +23,14 @@ from fusiontune.codegen.conv import generate_conv_kernel
 from fusiontune.codegen.layout import generate_layout_kernel
 from fusiontune.codegen.loopnest import generate_loop_kernel
 from fusiontune.codegen.pool import generate_pool_kernel
-from fusiontune.codegen.rules import ATTENTION_OPS, LAYOUT_OPS, LOW_PRECISIONS, MATH_MODES, PRECISIONS, WINDOW_OPS
+from fusiontune.codegen.rules import (
+    ATTENTION_OPS,
+    LAYOUT_OPS,
+    LOW_PRECISIONS,
+    MATH_MODES,
+    PRECISIONS,
+    WINDOW_OPS,
+)
 from fusiontune.ir.graph import Graph
 from fusiontune.passes.fused_graph import FusedGraph, Group
 

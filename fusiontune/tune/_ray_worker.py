@@ -26,8 +26,8 @@ from fusiontune.tune.evaluate import Candidate, build_candidate, measure_candida
 from fusiontune.tune.records import EvalRequest, EvalResult
 
 if TYPE_CHECKING:
-    from fusiontune.workloads.onnx_model import OnnxSource
     from fusiontune.workloads import Workload
+    from fusiontune.workloads.onnx_model import OnnxSource
 
 MEASURE_SLOT = "fusiontune_measure_slot"
 """The custom Ray resource that admits one measurement per node (each node registers 1)."""

@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
-
-onnx = pytest.importorskip("onnx")
-from onnx import numpy_helper  # noqa: E402
+from onnx import numpy_helper
 
 from fusiontune.codegen.common import NotFusable
 from fusiontune.config.fusion_config import FusionConfig

@@ -13,7 +13,12 @@ onnx = pytest.importorskip("onnx")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from fusiontune.workloads.onnx_model import OnnxSource, load_workload, space_workload, workload_source  # noqa: E402
+from fusiontune.workloads.onnx_model import (  # noqa: E402
+    OnnxSource,
+    load_workload,
+    space_workload,
+    workload_source,
+)
 from fusiontune.workloads.space import SpaceError, load_space  # noqa: E402
 
 DATA = Path(__file__).parent.parent / "data" / "onnx_space.toml"
