@@ -37,9 +37,7 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from numba import types
 
-from fusiontune.codegen.blas import _dgemm, _sgemm
 from fusiontune.codegen.common import (
     ArgSpec,
     KernelSource,
@@ -71,36 +69,6 @@ float32 on one core: 7.2 ms with 64 rows, 7.1 with 128, 6.3 with 256 (S = 256 Ki
 
 UNDERFLOW = {"float32": 128.0, "float64": 760.0}
 """exp(-x) is exactly 0 beyond these (float32 underflows below -103.98, float64 below -745.2)."""
-
-
-# ---- GEMM with explicit layout (column-major Fortran BLAS, pointers) -------------------------------
-def _make_gemm(blas: types.ExternalFunction, dtype: type, width: int):  # type: ignore[no-untyped-def]
-    @numba.njit(cache=True, nogil=True)
-    def gemm(ws, sc, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):  # type: ignore[no-untyped-def]
-        """Column-major ``C(m x n) = op(A) @ op(B) + beta * C``; a, b, c are addresses.
-
-        ``ws`` (int32[8]) and ``sc`` (dtype[2]) are the caller's scratch: BLAS takes every
-        argument by pointer, and allocating them once per task keeps the inner loop allocation-free.
-        """
-        ws[0] = m
-        ws[1] = n
-        ws[2] = k
-        ws[3] = lda
-        ws[4] = ldb
-        ws[5] = ldc
-        ws[6] = ta  # 'N' = 78, 'T' = 84
-        ws[7] = tb
-        sc[0] = 1.0
-        sc[1] = beta
-        p = ws.ctypes.data
-        s = sc.ctypes.data
-        blas(p + 24, p + 28, p, p + 4, p + 8, s, a, p + 12, b, p + 16, s + width, c, p + 20)
-
-    return gemm
-
-
-gemm32_ex = _make_gemm(_sgemm, np.float32, 4)
-gemm64_ex = _make_gemm(_dgemm, np.float64, 8)
 
 
 def _exp(x: str, dtype: str, approx: bool) -> str:
@@ -307,7 +275,7 @@ def generate_attention_kernel(
     e(f"                {an[y]}[bi, r0 + i, c] = acc[i, c] * inv")
     code = "\n".join(L) + "\n"
     imports = [
-        f"from fusiontune.codegen.attention import {gemm}",
+        f"from fusiontune.codegen.blas import {gemm}",
         f"# fusiontune.codegen.attention version {ATTENTION_VERSION}",
     ]
     source = kernel_header(code, imports) + code

@@ -7,6 +7,9 @@ external functions, so compiled kernels refer to them by name and load from the 
 process that imported this module (every generated kernel module does).
 
 Row-major ``out = a @ b`` is computed as the column-major ``out^T = b^T @ a^T``: no copies.
+Three entry points, one call: ``gemm32/64(a, b, out)`` on whole arrays (MatMul kernels),
+``gemm_at32/64`` on addresses and row strides (the Conv kernels' strided views), and
+``gemm32_ex/64_ex`` with explicit transposes and caller-held scratch (the Attention kernel).
 """
 
 from __future__ import annotations
@@ -28,33 +31,65 @@ _sgemm = types.ExternalFunction("fusiontune_sgemm", _SIGNATURE)
 _dgemm = types.ExternalFunction("fusiontune_dgemm", _SIGNATURE)
 
 
-def _make(blas: Any, dtype: type, width: int) -> Callable[..., None]:
+def _make_ex(blas: Any, dtype: type, width: int) -> Callable[..., None]:
+    @numba.njit(cache=True, nogil=True)
+    def gemm_ex(ws, sc, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):  # type: ignore[no-untyped-def]
+        """Column-major ``C(m x n) = op(A) @ op(B) + beta * C``; a, b, c are addresses.
+
+        ``ws`` (int32[8]) and ``sc`` (dtype[2]) are the caller's scratch: BLAS takes every
+        argument by pointer, and allocating them once per task keeps an inner loop allocation-free.
+        ``ta`` / ``tb``: ``78`` ('N') or ``84`` ('T').
+        """
+        ws[0] = m
+        ws[1] = n
+        ws[2] = k
+        ws[3] = lda
+        ws[4] = ldb
+        ws[5] = ldc
+        ws[6] = ta
+        ws[7] = tb
+        sc[0] = 1.0
+        sc[1] = beta
+        p = ws.ctypes.data
+        s = sc.ctypes.data
+        blas(p + 24, p + 28, p, p + 4, p + 8, s, a, p + 12, b, p + 16, s + width, c, p + 20)
+
+    return gemm_ex
+
+
+gemm32_ex = _make_ex(_sgemm, np.float32, 4)
+gemm64_ex = _make_ex(_dgemm, np.float64, 8)
+
+
+def _make_at(gemm_ex: Any, dtype: type) -> Callable[..., None]:
+    @numba.njit(cache=True, nogil=True)
+    def gemm_at(m, n, k, a, lda, b, ldb, c, ldc, beta):  # type: ignore[no-untyped-def]
+        """Row-major ``C(m, n) = A(m, k) @ B(k, n) + beta * C`` over addresses and row strides
+        (in elements): the column-major ``C^T = B^T @ A^T``, no copies."""
+        ws = np.empty(8, dtype=np.int32)
+        sc = np.empty(2, dtype=dtype)
+        gemm_ex(ws, sc, 78, 78, n, m, k, b, ldb, a, lda, beta, c, ldc)
+
+    return gemm_at
+
+
+gemm_at32 = _make_at(gemm32_ex, np.float32)
+gemm_at64 = _make_at(gemm64_ex, np.float64)
+
+
+def _make(gemm_at: Any) -> Callable[..., None]:
     @numba.njit(cache=True, nogil=True)
     def gemm(a, b, out):  # type: ignore[no-untyped-def]
+        """Row-major ``out = a @ b`` of C-contiguous 2-D arrays."""
         m, k = a.shape
         n = b.shape[1]
-        dims = np.empty(6, dtype=np.int32)  # m, n, k, lda, ldb, ldc of the transposed problem
-        dims[0] = n
-        dims[1] = m
-        dims[2] = k
-        dims[3] = n
-        dims[4] = k
-        dims[5] = n
-        trans = np.empty(1, dtype=np.uint8)
-        trans[0] = 78  # 'N'
-        scal = np.empty(2, dtype=dtype)  # alpha = 1, beta = 0
-        scal[0] = 1.0
-        scal[1] = 0.0
-        p = dims.ctypes.data
-        t = trans.ctypes.data
-        blas(t, t, p, p + 4, p + 8, scal.ctypes.data, b.ctypes.data, p + 12, a.ctypes.data, p + 16,
-             scal.ctypes.data + width, out.ctypes.data, p + 20)
+        gemm_at(m, n, k, a.ctypes.data, k, b.ctypes.data, n, out.ctypes.data, n, 0.0)
 
     return gemm
 
 
-gemm32 = _make(_sgemm, np.float32, 4)
-gemm64 = _make(_dgemm, np.float64, 8)
+gemm32 = _make(gemm_at32)
+gemm64 = _make(gemm_at64)
 
 
 def gemm_name(dtype: str) -> str:

@@ -75,7 +75,6 @@ from typing import Any
 
 import numba
 import numpy as np
-from numba import types
 
 from fusiontune.codegen._window import Window, col_range, window_of
 from fusiontune.codegen.blas import gemm_name
@@ -111,42 +110,6 @@ DIRECT_MAX_K = 32
 """A conv whose reduction length C/group * kh * kw is below this runs direct (depthwise 3x3: 9)."""
 DIRECT_MAX_MG = 4
 """A conv with fewer output channels per group than this runs direct (the GEMM would be too thin)."""
-
-
-# Fortran ?gemm with every argument by pointer; the symbols are registered by codegen/blas.py.
-_GEMM_SIG = types.void(*([types.intp] * 13))
-_sgemm_ptr = types.ExternalFunction("fusiontune_sgemm", _GEMM_SIG)
-_dgemm_ptr = types.ExternalFunction("fusiontune_dgemm", _GEMM_SIG)
-
-
-def _make_gemm_at(blas: Any, dtype: type, width: int) -> Any:
-    @numba.njit(cache=True, nogil=True)
-    def gemm_at(m, n, k, a, lda, b, ldb, c, ldc, beta):  # type: ignore[no-untyped-def]
-        # Row-major C(m, n) = A(m, k) @ B(k, n) + beta * C over raw addresses with row strides
-        # (in elements): the column-major C^T = B^T @ A^T, as codegen/blas.py does.
-        dims = np.empty(6, dtype=np.int32)
-        dims[0] = n
-        dims[1] = m
-        dims[2] = k
-        dims[3] = ldb
-        dims[4] = lda
-        dims[5] = ldc
-        trans = np.empty(1, dtype=np.uint8)
-        trans[0] = 78  # 'N'
-        scal = np.empty(2, dtype=dtype)
-        scal[0] = 1.0
-        scal[1] = beta
-        p = dims.ctypes.data
-        t = trans.ctypes.data
-        blas(t, t, p, p + 4, p + 8, scal.ctypes.data, b, p + 12, a, p + 16, scal.ctypes.data + width, c, p + 20)
-
-    return gemm_at
-
-
-gemm_at32 = _make_gemm_at(_sgemm_ptr, np.float32, 4)
-gemm_at64 = _make_gemm_at(_dgemm_ptr, np.float64, 8)
-"""``gemm_at32(m, n, k, a, lda, b, ldb, c, ldc, beta)``: GEMM over addresses and row strides, for
-the shifted kernels' strided views of the padded input (codegen/blas.py takes whole arrays)."""
 
 
 def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, stride: tuple[int, int] = (1, 1), group: int = 1,
@@ -306,7 +269,7 @@ def generate_conv_kernel(
         wp = win.w + win.pw + win.pe_w
         rows = int(schedule.get("conv_rows", 0)) or _shifted_rows(win, wp, group)
         lines += _shifted_body(win, group, CG, MG, min(rows, win.oh), wp, dtype, ax, aw, body, parallel)
-        imports = ["from fusiontune.codegen.conv import gemm_at32, gemm_at64"]
+        imports = ["from fusiontune.codegen.blas import gemm_at32, gemm_at64"]
     else:
         lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
         imports = []
