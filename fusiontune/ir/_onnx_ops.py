@@ -607,3 +607,7 @@ def _dropout(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, Any]) ->
         outs.append(node.output[1])
     return outs
 
+
+
+# Converters of the ops real exporters emit, in modules of their own (they import this one).
+from fusiontune.ir import _onnx_ops_index, _onnx_ops_logic  # noqa: E402, F401

@@ -764,3 +764,7 @@ def run_reference(node: Node, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray,
     attrs = {**op.attrs, **node.attrs}
     with np.errstate(all="ignore"):
         return tuple(np.asarray(a) for a in op.reference(attrs, *arrays))
+
+
+# The ops real exporters emit on live data, registered by their own modules (they import this one).
+from fusiontune.ir import _ops_index, _ops_logic  # noqa: E402, F401

@@ -597,6 +597,8 @@ CASES: tuple[OpCase, ...] = (
     *_pool_cases(),
     # ---- attention (codegen/attention.py; the grid of shapes and blocks is test_attention.py) ----
     *_attention_cases(),
+    # ---- logic, comparison and elementwise ops of real exports (ir/_ops_logic.py) ----------------
+    # ---- index, layout and window ops of real exports (ir/_ops_index.py) -------------------------
 )
 
 

@@ -1,0 +1,3 @@
+"""ONNX converters for the logic, comparison and elementwise ops (see ``_ops_logic``)."""
+
+from __future__ import annotations
