@@ -2,49 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
-from fusiontune.ir.graph import Graph, Node
+from fusiontune.ir.graph import Graph
 from fusiontune.passes.base import PassContext
-from fusiontune.passes.graph._match import Fusion, View, op_attrs, rewrite
-from fusiontune.passes.graph._norm import normalize_from, scale_shift, square_kind
+from fusiontune.passes.graph._match import Fusion, op_attrs
+from fusiontune.passes.pattern import C, Match, P, Rule, V, apply_rules, last_axis
 from fusiontune.passes.pipeline import patterns
 
-
-def _find(view: View, mean: Node) -> Iterator[Fusion]:
-    if mean.op != "ReduceMean":
-        return
-    square = view.producer(mean.inputs[0], "Pow", "Mul")
-    if square is None:
-        return
-    x = square.inputs[0]
-    kind = square_kind(view, square, x)
-    shape = view.shape(x)
-    if kind is None or not shape or view.reduce_axis(mean) != len(shape) - 1:
-        return
-    normalized = normalize_from(view, mean.outputs[0], x)
-    if normalized is None:
-        return
-    n = shape[-1]
-    extra, gamma, _ = scale_shift(view, normalized.out, n, shift=False)
-    inputs = (x, gamma if gamma is not None else np.ones(n, dtype=view.dtype(x)))
-    nodes = (square, mean, *normalized.nodes, *extra)
-    attrs = op_attrs("RMSNorm", eps=normalized.eps)
-    yield Fusion(
-        f"RmsNorm{kind}{normalized.root}", nodes, "RMSNorm", inputs, nodes[-1].outputs, attrs
-    )
+_x = V("x")
+# The canonical form (canonicalize stage): a square is Mul(x, x); x * Rsqrt(v) is x / Sqrt(v).
+NORMALIZED = P("Div", _x, P("Sqrt", P("Add", P("ReduceMean", P("Mul", _x, _x), where=last_axis), C("eps"))))
+"""``x / Sqrt(ReduceMean(x * x, -1) + eps)``: the RMS normalization before its scale."""
 
 
-@patterns("RmsNormMulRsqrt", "RmsNormMulSqrt", "RmsNormPowRsqrt", "RmsNormPowSqrt")
+def build_rms_norm(m: Match) -> Fusion | None:
+    """The RMSNorm node for a match of ``NORMALIZED`` (scaled by ``gamma`` when it is bound)."""
+    x, gamma = m["x"], m.get("gamma")
+    n = m.view.shape(x)[-1]
+    if gamma is not None and not m.view.is_param(gamma, n):
+        return None
+    root = m.nodes[0]
+    inputs = (x, gamma if gamma is not None else np.ones(n, dtype=m.view.dtype(x)))
+    attrs = op_attrs("RMSNorm", eps=m.scalar("eps"))
+    return Fusion("RmsNormMulSqrt", m.nodes, "RMSNorm", inputs, root.outputs, attrs)
+
+
+RULES = (
+    Rule("RmsNormMulSqrt", P("Mul", NORMALIZED, V("gamma")), build_rms_norm),
+    Rule("RmsNormMulSqrt", NORMALIZED, build_rms_norm),
+)
+
+
+@patterns("RmsNormMulSqrt")
 def rms_norm_fusion(graph: Graph, ctx: PassContext) -> Graph:
     """Fold a decomposed RMS normalization over the last axis into one RMSNorm node.
 
-    Identity: with ``ms = ReduceMean(x², -1)``:
-    ``x * Rsqrt(ms + eps) * gamma == x / Sqrt(ms + eps) * gamma == RMSNorm(x, gamma, eps)``,
-    where ``x²`` is ``Mul(x, x)`` or ``Pow(x, 2)``. Without the scale gamma is a new constant of
-    ones.
+    Identity: ``x / Sqrt(ReduceMean(x * x, -1) + eps) * gamma == RMSNorm(x, gamma, eps)``. The
+    canonicalize stage brings the other spellings exporters write to this one first
+    (``Pow(x, 2)``, ``x * Rsqrt(.)``, ``x * Reciprocal(Sqrt(.))``, ``x * Div(1, Sqrt(.))``,
+    commuted operands, no-op casts). Without the scale gamma is a new constant of ones.
 
     Preconditions: the mean runs over the last axis with keepdims; eps is a scalar constant;
     gamma is a constant or graph input of shape ``(N,)``; the square, the mean and every later
@@ -57,4 +54,4 @@ def rms_norm_fusion(graph: Graph, ctx: PassContext) -> Graph:
     Returns:
         The rewritten graph (``graph`` itself when nothing matched).
     """
-    return rewrite(graph, ctx, _find)
+    return apply_rules(graph, ctx, RULES)
