@@ -23,11 +23,13 @@ from fusiontune.codegen.conv import generate_conv_kernel
 from fusiontune.codegen.layout import generate_layout_kernel
 from fusiontune.codegen.loopnest import generate_loop_kernel
 from fusiontune.codegen.pool import generate_pool_kernel
+from fusiontune.codegen.rotary import generate_rotary_kernel
 from fusiontune.codegen.rules import (
     ATTENTION_OPS,
     LAYOUT_OPS,
     LOW_PRECISIONS,
     MATH_MODES,
+    OPAQUE_OPS,
     PRECISIONS,
     WINDOW_OPS,
 )
@@ -95,6 +97,10 @@ def kernel_source(graph: Graph, node_names: Sequence[str], schedule: Mapping[str
         if len(node_names) != 1:
             raise NotFusable("pooling ops run as kernels of their own")
         return generate_pool_kernel(graph.node(node_names[0]), dict(graph.values), KERNEL_NAME)
+    if any(op in OPAQUE_OPS for op in ops):
+        if len(node_names) != 1:
+            raise NotFusable(f"{', '.join(o for o in ops if o in OPAQUE_OPS)} runs as a kernel of its own")
+        return generate_rotary_kernel(graph.node(node_names[0]), dict(graph.values), KERNEL_NAME)
     low = lower_group(graph, node_names, outputs)
     if any(op in ATTENTION_OPS for op in ops):
         # One Attention node alone (codegen/attention.py); ``q_block`` sets its query rows per task.

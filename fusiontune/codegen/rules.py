@@ -11,6 +11,8 @@ Every op has exactly one rule, found by :func:`rule_kind`:
 * ``window``: MaxPool / AveragePool, a sliding-window kernel of its own (codegen/pool.py).
 * ``layout``: a data-movement kernel of its own (codegen/layout.py).
 * ``attention``: the fused Attention op, a flash-attention kernel of its own (codegen/attention.py).
+* ``opaque``: a fused op with a kernel of its own that nothing fuses into (RotaryPositionEmbedding,
+  codegen/rotary.py).
 
 ``tests/codegen/test_op_rules.py`` walks the catalogue and fails when an op has no rule.
 
@@ -204,7 +206,8 @@ ATTENTION_OPS = ("Attention",)  # one kernel per node (codegen/attention.py)
 
 
 def rule_kind(op: str) -> str | None:
-    """Which codegen rule covers ``op``: scalar, reduce, expand, contraction, window, layout, attention, or None."""
+    """Which codegen rule covers ``op``: scalar, reduce, expand, contraction, window, layout,
+    attention, opaque, or None."""
     if op in SCALAR_RULES:
         return "scalar"
     if op in REDUCE_RULES:
@@ -220,3 +223,6 @@ def rule_kind(op: str) -> str | None:
     if op in ATTENTION_OPS:
         return "attention"
     return None
+OPAQUE_OPS = ("RotaryPositionEmbedding",)  # one kernel per node (codegen/rotary.py)
+    if op in OPAQUE_OPS:
+        return "opaque"

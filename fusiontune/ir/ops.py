@@ -7,7 +7,8 @@ serves the float64 reference run and the float32 "unfused" run.
 Kinds follow DESIGN section 3: ``elementwise`` (numpy broadcasting), ``reduction`` (reductions and
 the row-wise normalizations built on them), ``contraction`` (MatMul, Conv), ``window`` (MaxPool,
 AveragePool: a reduction over a sliding window), ``attention`` (the fused Attention op that
-FlashAttentionFusionPass makes), ``layout`` (data movement, Gather).
+FlashAttentionFusionPass makes), ``layout`` (data movement, Gather), ``opaque`` (a fused op with a
+kernel of its own that fuses with nothing else: RotaryPositionEmbedding).
 
 The CNN ops follow ONNX's definitions (NCHW, explicit ``pads`` as ``[begin..., end...]``); the ONNX
 importer (ir/onnx_import.py) resolves ``auto_pad`` and moves constant inputs into attributes.
@@ -739,6 +740,43 @@ _register(
     OpDef(
         "Attention", "attention", _attention, _attention_ref, (3, 4), attrs={"scale": 1.0, "kv_block": 0},
         doc="softmax(q @ k^T * scale + mask) @ v with k as (..., Sk, D); kv_block is the kernel's key block",
+    )
+)
+
+
+def _rotary(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    x, cos, sin = ins
+    if not x.shape or x.shape[-1] % 2:
+        raise ValueError(f"RotaryPositionEmbedding needs an even last axis, got {x.shape}")
+    if attrs.get("mode", 0) not in (0, 1):
+        raise ValueError(f"RotaryPositionEmbedding mode must be 0 (halves) or 1 (interleaved), got {attrs['mode']}")
+    for t in (cos, sin):
+        if not t.shape or t.shape[-1] != x.shape[-1] or broadcast_shapes(x.shape, t.shape) != x.shape:
+            raise ValueError(f"cos / sin {t.shape} must broadcast to x {x.shape} along its full last axis")
+    return [(x.shape, x.dtype)]
+
+
+def rotate(x: np.ndarray, mode: int) -> np.ndarray:
+    """The rotation of rotary embeddings: mode 0 is ``concat(-x2, x1)`` of the halves x1, x2 of the
+    last axis (GPT-NeoX / LLaMA ``rotate_half``), mode 1 pairs neighbours: ``(-x[2i+1], x[2i])``."""
+    if mode == 0:
+        h = x.shape[-1] // 2
+        return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+    out = np.empty_like(x)
+    out[..., 0::2] = -x[..., 1::2]
+    out[..., 1::2] = x[..., 0::2]
+    return out
+
+
+def _rotary_ref(attrs: Mapping[str, Any], x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple:
+    return ((x * cos + rotate(x, int(attrs.get("mode", 0))) * sin).astype(x.dtype, copy=False),)
+
+
+_register(
+    OpDef(
+        "RotaryPositionEmbedding", "opaque", _rotary, _rotary_ref, 3, attrs={"mode": 0},
+        doc="x * cos + rotate(x) * sin; rotate is concat(-x2, x1) of the last axis' halves (mode 0) "
+        "or (-x[2i+1], x[2i]) pairs (mode 1); cos, sin broadcast to x",
     )
 )
 

@@ -597,6 +597,25 @@ CASES: tuple[OpCase, ...] = (
     *_pool_cases(),
     # ---- attention (codegen/attention.py; the grid of shapes and blocks is test_attention.py) ----
     *_attention_cases(),
+    # ---- rotary position embedding (codegen/rotary.py) --------------------------------------------
+    OpCase(
+        "RotaryPositionEmbedding",
+        "RotaryPositionEmbedding-halves_broadcast_heads",
+        lambda g: g.op(
+            "RotaryPositionEmbedding", g.input("x", (2, 4, 6, 8)), _c(g, (2, 1, 6, 8), 11), _c(g, (2, 1, 6, 8), 12)
+        ),
+    ),
+    OpCase(
+        "RotaryPositionEmbedding",
+        "RotaryPositionEmbedding-interleaved_float64",
+        lambda g: g.op("RotaryPositionEmbedding", g.input("x", (3, 5, 16)), _c(g, (5, 16), 13), g.input("sin", (16,)), mode=1),
+        dtype="float64",
+    ),
+    OpCase(
+        "RotaryPositionEmbedding",
+        "RotaryPositionEmbedding-large_parallel",
+        lambda g: g.op("RotaryPositionEmbedding", g.input("x", (4, 8, 64, 64)), _c(g, (1, 1, 64, 64), 14), _c(g, (1, 1, 64, 64), 15)),
+    ),
     # ---- logic, comparison and elementwise ops of real exports (ir/_ops_logic.py) ----------------
     # ---- index, layout and window ops of real exports (ir/_ops_index.py) -------------------------
 )
@@ -655,7 +674,7 @@ def assert_agrees(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, w
 def test_op_declares_shape_rule_reference_and_codegen_rule(name: str) -> None:
     op = CATALOGUE[name]
     assert op.name == name
-    assert op.kind in ("elementwise", "reduction", "contraction", "window", "layout", "attention")
+    assert op.kind in ("elementwise", "reduction", "contraction", "window", "layout", "attention", "opaque")
     assert callable(op.infer), f"{name} has no shape rule"
     assert callable(op.reference), f"{name} has no numpy reference"
     assert rule_kind(name) is not None, f"{name} has no codegen rule"
@@ -670,6 +689,7 @@ def test_codegen_rule_matches_op_kind(name: str) -> None:
         "contraction": {"contraction"},
         "window": {"window"},
         "attention": {"attention"},
+        "opaque": {"opaque"},
         "layout": {"layout", "scalar"},  # Expand is an index map inside a loop nest
     }
     assert rule_kind(name) in allowed[CATALOGUE[name].kind]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from fusiontune.codegen.plan import check_fusable
-from fusiontune.codegen.rules import LAYOUT_OPS, WINDOW_OPS
+from fusiontune.codegen.rules import LAYOUT_OPS, OPAQUE_OPS, WINDOW_OPS
 from fusiontune.ir.ops import get_op
 from fusiontune.passes.base import PassContext
 from fusiontune.passes.fused_graph import FusedGraph, Group
@@ -63,6 +63,8 @@ class Partition:
             return "layout"
         if "Attention" in ops:
             return "attention"  # a flash-attention kernel of its own (codegen/attention.py)
+        if any(op in OPAQUE_OPS for op in ops):
+            return "opaque"  # a kernel of its own (codegen/rotary.py)
         return "loop"
 
     def is_basic_eltwise(self, gid: int) -> bool:
