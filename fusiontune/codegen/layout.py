@@ -14,6 +14,8 @@ from fusiontune.codegen.common import (
     NotFusable,
     decorator,
 )
+from fusiontune.codegen.index import generate_index_kernel
+from fusiontune.codegen.rules import INDEX_OPS
 from fusiontune.ir.graph import Node, Value
 from fusiontune.ir.ops import normalize_axis, slice_index
 
@@ -35,6 +37,8 @@ def generate_layout_kernel(node: Node, values: dict[str, Value], name: str) -> K
     Raises:
         NotFusable: ``node`` is not a layout op.
     """
+    if node.op in INDEX_OPS:  # the index ops of real exports: codegen/index.py
+        return generate_index_kernel(node, values, name)
     ins = [values[i] for i in node.inputs]
     outs = [values[o] for o in node.outputs]
     total = sum(v.size for v in outs)

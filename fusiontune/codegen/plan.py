@@ -20,6 +20,7 @@ from fusiontune.codegen.attention import generate_attention_kernel
 from fusiontune.codegen.common import KernelSource, NotFusable, lower_group
 from fusiontune.codegen.contraction import generate_contraction_kernel
 from fusiontune.codegen.conv import generate_conv_kernel
+from fusiontune.codegen.conv_transpose import generate_conv_transpose_kernel
 from fusiontune.codegen.layout import generate_layout_kernel
 from fusiontune.codegen.loopnest import generate_loop_kernel
 from fusiontune.codegen.pool import generate_pool_kernel
@@ -101,6 +102,10 @@ def kernel_source(graph: Graph, node_names: Sequence[str], schedule: Mapping[str
         if len(node_names) != 1:
             raise NotFusable(f"{', '.join(o for o in ops if o in OPAQUE_OPS)} runs as a kernel of its own")
         return generate_rotary_kernel(graph.node(node_names[0]), dict(graph.values), KERNEL_NAME)
+    if "ConvTranspose" in ops:
+        if len(node_names) != 1:
+            raise NotFusable("ConvTranspose runs as a kernel of its own (bias included)")
+        return generate_conv_transpose_kernel(graph.node(node_names[0]), dict(graph.values), KERNEL_NAME)
     low = lower_group(graph, node_names, outputs)
     if any(op in ATTENTION_OPS for op in ops):
         # One Attention node alone (codegen/attention.py); ``q_block`` sets its query rows per task.

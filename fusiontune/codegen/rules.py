@@ -199,8 +199,10 @@ REDUCE_RULES: dict[str, tuple[float, tuple[str, ...], str]] = {
     "ReduceMax": (-np.inf, ("{acc} = fmaximum({acc}, {v})",), "{acc}"),
 }
 
-LAYOUT_OPS = ("Reshape", "Transpose", "Concat", "Split", "Slice", "Gather")
-CONTRACTION_OPS = ("MatMul", "Conv")
+# The index and layout ops of real exports (ir/_ops_index.py): kernels of their own (codegen/index.py).
+INDEX_OPS = ("GatherND", "GatherElements", "ScatterND", "CumSum", "Trilu", "Tile", "Pad")
+LAYOUT_OPS = ("Reshape", "Transpose", "Concat", "Split", "Slice", "Gather", *INDEX_OPS)
+CONTRACTION_OPS = ("MatMul", "Conv", "ConvTranspose")  # ConvTranspose: codegen/conv_transpose.py
 WINDOW_OPS = ("MaxPool", "AveragePool")  # one kernel per node (codegen/pool.py)
 ATTENTION_OPS = ("Attention",)  # one kernel per node (codegen/attention.py)
 

@@ -587,12 +587,6 @@ def _constant(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, Any]) -
     return _known_out(imp, node, arr)
 
 
-@_conv("Range")
-def _range(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, Any]) -> list[str]:
-    start, limit, delta = (imp.constant_of(i, "Range's bounds") for i in ins)
-    return _known_out(imp, node, np.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype))
-
-
 @_conv("Identity")
 def _identity(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, Any]) -> list[str]:
     return [ins[0]]

@@ -618,6 +618,108 @@ CASES: tuple[OpCase, ...] = (
     ),
     # ---- logic, comparison and elementwise ops of real exports (ir/_ops_logic.py) ----------------
     # ---- index, layout and window ops of real exports (ir/_ops_index.py) -------------------------
+    # Live indices come from "ints" inputs, drawn in [-2, 3): negative ones count from the end.
+    OpCase(
+        "GatherND", "GatherND-pairs_ints",
+        lambda g: g.op("GatherND", g.input("x", (4, 3, 5)), g.input("i", (2, 3, 2), "int64")), "ints",
+    ),
+    OpCase(
+        "GatherND", "GatherND-batch1_const",
+        lambda g: g.op(
+            "GatherND", g.input("x", (2, 4, 5)),
+            g.const(np.array([[[1], [-1], [0]], [[3], [2], [-4]]]), dtype="int64"), batch_dims=1,
+        ),
+    ),
+    OpCase(
+        "GatherND", "GatherND-elements_int32",
+        lambda g: g.op("GatherND", g.input("x", (3, 4)), g.const(np.array([[0, 1], [-1, -2], [2, 3]]), dtype="int32")),
+    ),
+    OpCase(
+        "GatherElements", "GatherElements-axis1_ints",
+        lambda g: g.op("GatherElements", g.input("x", (3, 4, 5)), g.input("i", (3, 2, 5), "int64"), axis=1), "ints",
+    ),
+    OpCase(
+        "GatherElements", "GatherElements-last_smaller_const",
+        lambda g: g.op(
+            "GatherElements", g.input("x", (3, 6)),
+            g.const(np.array([[5, -1, 0, 2], [-6, 3, 3, 1]]), dtype="int64"), axis=-1,
+        ),
+    ),
+    OpCase(
+        "ScatterND", "ScatterND-rows",
+        lambda g: g.op(
+            "ScatterND", g.input("x", (5, 4)), g.const(np.array([[1], [-1], [3]]), dtype="int64"), g.input("u", (3, 4)),
+        ),
+    ),
+    OpCase(
+        "ScatterND", "ScatterND-add_repeated",
+        lambda g: g.op(
+            "ScatterND", g.input("x", (4, 3, 2)), g.const(np.array([[0, 1], [2, -1], [0, 1]]), dtype="int64"),
+            g.input("u", (3, 2)), reduction="add",
+        ),
+    ),
+    OpCase(
+        "ScatterND", "ScatterND-mul_live_ints",
+        lambda g: g.op(
+            "ScatterND", g.input("x", (4, 6)), g.input("i", (3, 1), "int64"), g.input("u", (3, 6)), reduction="mul",
+        ),
+        "ints",
+    ),
+    OpCase(
+        "ScatterND", "ScatterND-max_elements",
+        lambda g: g.op(
+            "ScatterND", g.input("x", (3, 4)), g.const(np.array([[0, 0], [2, -1], [0, 0]]), dtype="int64"),
+            g.input("u", (3,)), reduction="max",
+        ),
+    ),
+    OpCase("CumSum", "CumSum-axis1", lambda g: g.op("CumSum", g.input("x", (3, 7, 5)), axis=1)),
+    OpCase(
+        "CumSum", "CumSum-exclusive_reverse_last",
+        lambda g: g.op("CumSum", g.input("x", (4, 9)), axis=1, exclusive=1, reverse=1),
+    ),
+    OpCase("CumSum", "CumSum-int64", lambda g: g.op("CumSum", g.input("x", (6, 3), "int64"), axis=0), "ints"),
+    OpCase(
+        "CumSum", "CumSum-float64_exclusive",
+        lambda g: g.op("CumSum", g.input("x", (5, 4)), axis=0, exclusive=1), dtype="float64", rtol=1e-12, atol=1e-13,
+    ),
+    OpCase("Trilu", "Trilu-upper_k1", lambda g: g.op("Trilu", g.input("x", (5, 7)), upper=1, k=1)),
+    OpCase("Trilu", "Trilu-lower_kneg1_3d", lambda g: g.op("Trilu", g.input("x", (2, 6, 4)), upper=0, k=-1)),
+    OpCase("Trilu", "Trilu-upper_k_past_end", lambda g: g.op("Trilu", g.input("x", (3, 4)), upper=1, k=-5)),
+    OpCase("Tile", "Tile-2d", lambda g: g.op("Tile", g.input("x", (3, 4)), repeats=(2, 3))),
+    OpCase("Tile", "Tile-3d_middle_once", lambda g: g.op("Tile", g.input("x", (2, 3, 5)), repeats=(3, 1, 2))),
+    OpCase(
+        "Pad", "Pad-constant_value",
+        lambda g: g.op("Pad", g.input("x", (2, 3, 4)), pads=(0, 1, 2, 1, 0, 3), mode="constant", value=-1.5),
+    ),
+    OpCase("Pad", "Pad-reflect", lambda g: g.op("Pad", g.input("x", (2, 3, 5)), pads=(0, 2, 3, 0, 1, 4), mode="reflect")),
+    OpCase("Pad", "Pad-edge", lambda g: g.op("Pad", g.input("x", (3, 4)), pads=(2, 0, 1, 5), mode="edge")),
+    OpCase(
+        "Pad", "Pad-wrap_with_crop",
+        lambda g: g.op("Pad", g.input("x", (4, 6)), pads=(-1, 2, 1, -2), mode="wrap"),
+    ),
+    OpCase("Pad", "Pad-int64_1d", lambda g: g.op("Pad", g.input("x", (5,), "int64"), pads=(2, 1), value=7.0), "ints"),
+    *[
+        OpCase(
+            "ConvTranspose", f"ConvTranspose-{name}",
+            lambda g, x=x, w=w, b=b, a=a: g.op(
+                "ConvTranspose", g.input("x", x), _c(g, w, 8), *([_c(g, (w[1] * a.get("group", 1),), 9)] if b else []), **a,
+            ),
+            rtol=CONV_RTOL, atol=CONV_ATOL,
+        )
+        for name, (x, w, b, a) in {
+            "3x3_s2_bias": ((2, 3, 5, 4), (3, 4, 3, 3), True, {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
+            "output_padding": ((1, 4, 4, 5), (4, 2, 4, 4), False, {"strides": (2, 2), "pads": (1, 1, 1, 1), "output_padding": (1, 0)}),
+            "groups2_dilated_asym": ((2, 4, 5, 4), (4, 3, 3, 2), True, {"group": 2, "dilations": (2, 1), "pads": (0, 1, 2, 0)}),
+            "depthwise_s2": ((1, 6, 6, 6), (6, 1, 3, 3), True, {"group": 6, "strides": (2, 2)}),
+            "1d_s3": ((2, 3, 7), (3, 5, 4), True, {"strides": (3,), "pads": (1, 2)}),
+            "weight_1x1x1x1": ((1, 1, 4, 4), (1, 1, 1, 1), True, {"strides": (2, 2)}),
+        }.items()
+    ],
+    OpCase(
+        "ConvTranspose", "ConvTranspose-float64",
+        lambda g: g.op("ConvTranspose", g.input("x", (1, 3, 5, 5)), _c(g, (3, 4, 3, 3), 8), _c(g, (4,), 9), strides=(2, 2)),
+        dtype="float64", rtol=1e-12, atol=1e-13,
+    ),
 )
 
 
