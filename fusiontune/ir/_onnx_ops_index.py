@@ -4,7 +4,9 @@ Opset differences handled here: Pad's pads and value became inputs at opset 11 a
 ``axes`` at 18 (and ``wrap`` at 19); Tile's repeats, CumSum's axis and Trilu's k are inputs that
 must be constants under static shapes; GatherND's ``batch_dims`` (12) and ScatterND's
 ``reduction`` (16, max/min at 18) default when absent; ConvTranspose's ``auto_pad`` and
-``output_shape`` become explicit pads here, as in ONNX's definition (which onnxruntime follows).
+``output_shape`` become explicit pads here, as in ONNX's definition, and where the requested
+size passes the natural one, as onnxruntime runs it: the extra positions of an ``output_shape``
+come at the end (as ``output_padding`` gives them), SAME keeps the natural size.
 
 Einsum is lowered at import to catalogue ops: a one-operand equation to ReduceSum and Transpose,
 a two-operand one to Transpose / Reshape around one batched MatMul (letters summed in both
@@ -160,9 +162,12 @@ def _conv_transpose(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, A
             natural = strides[i] * (xs[2 + i] - 1) + extra[i] + dil[i] * (kernel[i] - 1) + 1
             total = natural - target[i]
             if total < 0:
+                # An output_shape past the natural size gets its extra positions at the end (they
+                # hold the bias alone), as output_padding would give them; SAME with a stride
+                # above the kernel keeps the natural size. Both are onnxruntime's rules.
                 if attrs.get("output_shape") is not None:
-                    raise imp.fail(f"output_shape {target} is larger than the {natural} positions axis {i} makes")
-                total = 0  # SAME with a stride above the kernel: the natural size (onnxruntime's rule)
+                    extra[i] -= total
+                total = 0
             small, big = total // 2, total - total // 2
             begins.append(small if auto == "SAME_UPPER" else big)
             ends.append(big if auto == "SAME_UPPER" else small)

@@ -306,6 +306,7 @@ CONV_TRANSPOSE_FORMS: dict[str, tuple[tuple[int, ...], tuple[int, ...], bool, di
     "same_lower": ((1, 2, 3, 4), (2, 3, 3, 2), False, {"strides": [2, 3], "auto_pad": "SAME_LOWER"}),
     "output_shape": ((1, 2, 3, 4), (2, 3, 3, 3), True, {"strides": [2, 2], "output_shape": [6, 8]}),
     "output_shape_same_upper": ((1, 2, 3, 4), (2, 3, 3, 3), True, {"strides": [2, 2], "output_shape": [6, 7], "auto_pad": "SAME_UPPER"}),
+    "output_shape_past_natural": ((1, 1, 3, 3), (1, 2, 3, 3), False, {"strides": [3, 2], "output_shape": [10, 8]}),
     "valid": ((1, 2, 3, 3), (2, 2, 2, 2), False, {"auto_pad": "VALID", "strides": [2, 2]}),
     "1d": ((2, 3, 7), (3, 5, 4), True, {"strides": [3], "pads": [1, 2], "output_padding": [1]}),
     "1d_kernel_shape": ((1, 4, 6), (4, 2, 3), False, {"kernel_shape": [3], "dilations": [2]}),
