@@ -49,6 +49,7 @@ AVOID_MATMUL_OPERAND_PARTNERS = False
 FOCUS: dict[str, tuple[str, str | None]] = {
     "ConstantFoldingPass": ("binary", "folded"),
     "IdentityEliminationPass": ("identity", None),
+    "CanonicalizationPass": ("unary", "Square"),  # Pow(x, 2) -> Mul(x, x)
     "MatMulBiasAddFusionPass": ("matmul", "bias"),
     "GeluFusionPass": ("pattern", "gelu"),
     "SoftmaxFusionPass": ("pattern", "softmax"),

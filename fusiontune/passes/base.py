@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -155,6 +155,13 @@ class FusionReport:
 class PassContext:
     """What a running pass may see and ask: the configuration, split points, the allow hook.
 
+    A pass may run more than once in one context (the pipeline repeats the canonicalize stage
+    until it reaches a fixed point). Its later runs continue its application indices, so every
+    application of a pass has its own index; their counts add to the pass's first stats, so the
+    report names each (pass, pattern) once, where it first ran; and an application denied in an
+    earlier run (same pattern, same original nodes) is denied again without being counted or
+    recorded again.
+
     Attributes:
         config: the resolved configuration (which passes are on, split point values).
         deny: applications to refuse, ``{pass name: {index, ...}}`` (bisection's second step).
@@ -167,33 +174,56 @@ class PassContext:
     _apps: list[Application] = field(default_factory=list)
     _counts: dict[str, list[int]] = field(default_factory=dict)
     _index: int = 0
+    _next_index: dict[str, int] = field(default_factory=dict)
+    _stat_at: dict[tuple[str, str], int] = field(default_factory=dict)
+    _denied: dict[str, set[tuple[str, tuple[str, ...]]]] = field(default_factory=dict)
+    _denied_before: frozenset[tuple[str, tuple[str, ...]]] = frozenset()
 
     def begin(self, info: PassInfo) -> None:
         self.current = info
         self._counts = {}
-        self._index = 0
+        self._index = self._next_index.get(info.name, 0)
+        self._denied_before = frozenset(self._denied.get(info.name, ()))
 
     def end(self, patterns: Iterable[str] = ()) -> None:
-        """Close the pass: emit one stat per pattern it tried (declared patterns with 0 matches too)."""
-        assert self.current is not None
+        """Close the pass: one stat per pattern it tried (declared patterns with 0 matches too).
+
+        A pass that ran before in this context adds its counts to the stats of its first run.
+        """
+        info = self.current
+        assert info is not None
         for p in patterns:
             self._counts.setdefault(p, [0, 0])
-        if not self._counts:
-            self._counts[self.current.name.removesuffix("Pass")] = [0, 0]
+        if not self._counts and info.name not in self._next_index:
+            self._counts[info.name.removesuffix("Pass")] = [0, 0]
         for pattern, (m, e) in self._counts.items():
-            self._stats.append(PatternStat(self.current.name, self.current.kind, pattern, m, e))
+            at = self._stat_at.get((info.name, pattern))
+            if at is None:
+                self._stat_at[(info.name, pattern)] = len(self._stats)
+                self._stats.append(PatternStat(info.name, info.kind, pattern, m, e))
+            else:
+                old = self._stats[at]
+                self._stats[at] = replace(
+                    old, matched_times=old.matched_times + m, effected_times=old.effected_times + e
+                )
+        self._next_index[info.name] = self._index
         self.current = None
 
     def allow(self, pattern: str, nodes: Iterable[str]) -> bool:
         """Count a match of ``pattern`` over ``nodes`` (original node names); True: apply it."""
         assert self.current is not None, "allow() outside a pass"
+        names = tuple(dict.fromkeys(nodes))
+        if (pattern, names) in self._denied_before:
+            return False  # denied in an earlier run of this pass: the same application again
         index = self._index
         self._index += 1
         ok = index not in self.deny.get(self.current.name, frozenset())
         counts = self._counts.setdefault(pattern, [0, 0])
         counts[0] += 1
         counts[1] += int(ok)
-        self._apps.append(Application(self.current.name, index, pattern, tuple(dict.fromkeys(nodes)), ok))
+        self._apps.append(Application(self.current.name, index, pattern, names, ok))
+        if not ok:
+            self._denied.setdefault(self.current.name, set()).add((pattern, names))
         return ok
 
     def split(self, point: str) -> int:

@@ -71,6 +71,10 @@ PASSES: tuple[PassInfo, ...] = (
     _p("IdentityEliminationPass", ("identity_elimination",), GRAPH_FUSION, "canonicalize",
        f"{_G}.identity_elimination:identity_elimination",
        "drop no-op Reshape/Transpose/Cast/Expand and x*1, x+0", switchable=False),
+    _p("CanonicalizationPass", ("canonicalization",), GRAPH_FUSION, "canonicalize",
+       f"{_G}.canonicalize:canonicalization",
+       "exact rules to one normal form: a*Rsqrt(v) -> a/Sqrt(v), Pow(x,2) -> x*x, Neg(Neg(x)) -> x,"
+       " cast round trips, operand order...", switchable=False),
     # ---- GraphFusion: math rewrites ------------------------------------------------------------
     _p("MatMulBiasAddFusionPass", ("matmul_biasadd_fusion",), GRAPH_FUSION, "graph",
        f"{_G}.matmul_bias_add:matmul_bias_add_fusion",
