@@ -80,7 +80,8 @@ def generate_conv_transpose_kernel(node: Node, values: dict[str, Value], name: s
     parallel = flops >= PARALLEL_MIN_ELEMENTS * 8
     # Output channels per task: all of the group's, or fewer when (image, group) tasks alone would
     # leave threads idle; never so many that one input row of cols outgrows COL_BYTES.
-    want = -(-numba.config.NUMBA_NUM_THREADS // (n * group)) if parallel else 1
+    threads = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # a literal: see contraction.py
+    want = -(-threads // (n * group)) if parallel else 1
     mb = max(1, min(-(-mg // want), COL_BYTES // max(kk * wd * item, 1)))
     nmb = -(-mg // mb)
     rb = max(1, min(h, COL_BYTES // max(mb * kk * wd * item, 1)))

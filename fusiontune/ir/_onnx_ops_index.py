@@ -105,15 +105,15 @@ def _pad(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, Any]) -> lis
             if len(pads) != 2 * len(axes):
                 raise imp.fail(f"Pad's pads {pads} do not fit axes {axes}")
             full = [0] * (2 * rank)
-            for k, a in enumerate(axes):
-                full[a], full[rank + a] = pads[k], pads[len(axes) + k]
+            for k, axis in enumerate(axes):
+                full[axis], full[rank + axis] = pads[k], pads[len(axes) + k]
             pads = full
     if len(pads) != 2 * rank:
         raise imp.fail(f"Pad's pads {pads} must have 2 * rank = {2 * rank} entries")
     if not any(pads):
         return [x]
-    a = {"pads": tuple(pads), "mode": mode, "value": value if mode == "constant" else 0.0}
-    return imp.emit("Pad", [x], a, node.output[:1])
+    pad = {"pads": tuple(pads), "mode": mode, "value": value if mode == "constant" else 0.0}
+    return imp.emit("Pad", [x], pad, node.output[:1])
 
 
 # ---- Range ---------------------------------------------------------------------------------------
@@ -316,9 +316,9 @@ def _einsum(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, Any]) -> 
     last = node.output[:1]
     result = ins[0]
     if core is not None:
-        op, inputs, a = core
-        result = imp.emit(op, inputs, a, None if steps else last, tag=op.lower() if steps else None)[0]
-    for i, (op, a) in enumerate(steps):
+        op, inputs, core_attrs = core
+        result = imp.emit(op, inputs, core_attrs, None if steps else last, tag=op.lower() if steps else None)[0]
+    for i, (op, step_attrs) in enumerate(steps):
         final = i == len(steps) - 1
-        result = imp.emit(op, [result], a, last if final else None, tag=None if final else op.lower())[0]
+        result = imp.emit(op, [result], step_attrs, last if final else None, tag=None if final else op.lower())[0]
     return [result]

@@ -94,7 +94,7 @@ def _gather_elements(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tup
 
 def _gather_elements_ref(attrs: Mapping[str, Any], data: np.ndarray, idx: np.ndarray) -> tuple:
     axis = normalize_axis(attrs.get("axis", 0), data.ndim)
-    where = list(np.indices(idx.shape, sparse=True))
+    where: list[np.ndarray] = list(np.indices(idx.shape, sparse=True))
     where[axis] = _in_range(idx, data.shape[axis], "GatherElements")
     return (np.ascontiguousarray(data[tuple(where)]),)
 
