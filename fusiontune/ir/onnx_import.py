@@ -2,39 +2,61 @@
 
     graph = import_onnx("bert.onnx", dims={"batch": 2, "seq": 64})
 
-The model is loaded with the ``onnx`` package and checked with ``onnx.checker``; then, before any
-conversion work, every node is checked against the converter table (:mod:`fusiontune.ir._onnx_ops`)
-so that a model with unsupported ops fails with one line naming every unsupported op type and one
-node of each. Dynamic dimensions (``dim_param`` or missing) must be fixed by the caller, by name
-(``dims``) or per input (``input_shapes``).
+The model is loaded with the ``onnx`` package and checked with ``onnx.checker``. Dynamic
+dimensions (``dim_param`` or missing) must be fixed by the caller: by name (``dims``), per input
+(``input_shapes``) or by the arrays the model will run on (``array_shapes``, from an input file).
+A named dimension fixed anywhere is fixed for every input that names it (``input_ids`` of shape
+2x16 fixes ``attention_mask``'s ``batch`` and ``seq``); two sources that disagree are an error.
 
-Shape subgraphs are folded at import: every node whose inputs are all known (initializers,
-``Constant``, ``Shape`` of a static-shaped tensor, and anything computed from those) is evaluated
-with the catalogue references, so ``Shape -> Gather -> Concat -> Reshape`` chains end as a Reshape
-with a constant shape, and ``Gemm(transB=1)`` of a weight becomes a MatMul of the transposed weight.
+Import folds first. With the input shapes fixed, every node is either *known* (``Shape`` and
+``Size``, ``Constant``, and any node whose inputs are all known: initializers and outputs of known
+nodes) or *live* (it depends on a graph input); see :mod:`fusiontune.ir._onnx_fold`. Only live
+nodes must have a converter (:mod:`fusiontune.ir._onnx_ops`): before any conversion work, a
+model with live nodes that cannot be converted (or known nodes that cannot be evaluated) fails
+with one line naming every unsupported op type, one node of each, and the model's opset. Known
+nodes are evaluated during import: through their converter when it takes them (its catalogue
+nodes fold at once, so ``Shape -> Gather -> Concat -> Reshape`` chains end as a Reshape with a
+constant shape, and ``Gemm(transB=1)`` of a weight becomes a MatMul of the transposed weight),
+otherwise through ``onnx.reference``, so a constant-only subgraph of any standard op (the mask
+construction of transformers exports over ``Shape`` / ``Range`` / ``ConstantOfShape`` outputs, an
+If or a Loop on constants) never blocks a model. Known values the IR has no dtype for (uint8 or
+int8 tensors, sequences) stay outside the graph; an integer one read by a live node becomes int64.
 
 Names: nodes keep their ONNX names (empty or repeated ones are made unique), since fusion logs and
 bisection reports name nodes; a node that becomes several catalogue nodes gives its name to the
-one that makes its output and ``<name>/<op>`` to the helpers. Values keep their ONNX names, and
-graph outputs always do.
+one that makes its output and ``<name>/<op>`` to the helpers; a folded node makes no node. Values
+keep their ONNX names, and graph outputs always do.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from fusiontune.errors import UserError
+from fusiontune.ir._onnx_fold import (
+    ReferenceFolder,
+    describe_value,
+    is_default_domain,
+    live_nodes,
+    subgraph_reads,
+)
 from fusiontune.ir.graph import DTYPES, Graph, Node, Value
 from fusiontune.ir.ops import infer_node, run_reference
 
 
 class OnnxImportError(UserError, ValueError):
     """A model that cannot be imported: one line naming the file and what to do."""
+
+
+class InputFileError(OnnxImportError):
+    """A file of input arrays that does not fit the model: one line naming the file and the key."""
 
 
 MIN_OPSET, MAX_OPSET = 6, 22
@@ -65,7 +87,8 @@ class Importer:
     Every tensor has an IR value name. A tensor whose contents are known at import time lives in
     :attr:`known`; a node whose inputs are all known is evaluated at once (:meth:`emit`), so only
     the computation that depends on a graph input becomes nodes. A known tensor read by a node
-    becomes a graph constant.
+    becomes a graph constant. Known values the IR has no dtype for (a uint8 tensor, a sequence)
+    live in :attr:`opaque`, by ONNX name, for the nodes onnx.reference evaluates.
     """
 
     def __init__(self, path: str, opset: int, reserved: set[str]) -> None:
@@ -76,6 +99,7 @@ class Importer:
         self.nodes: list[Node] = []
         self.inputs: list[str] = []
         self.names: dict[str, str] = {}  # ONNX tensor name -> IR value name
+        self.opaque: dict[str, Any] = {}  # ONNX tensor name -> known value the IR cannot hold
         self._taken = set(reserved)
         self._node_names: set[str] = set()
         self.current = ""  # the ONNX node being converted
@@ -134,6 +158,40 @@ class Importer:
         self.known[name] = arr
         self.values[name] = Value(name, tuple(int(d) for d in arr.shape), str(arr.dtype))
         return name
+
+    def bind_onnx(self, onnx_name: str, value: Any) -> None:
+        """Record a known ONNX tensor (an initializer, a folded output): in the IR when its dtype is
+        one, else as an opaque value."""
+        if isinstance(value, np.ndarray) and str(value.dtype) in DTYPES:
+            self.opaque.pop(onnx_name, None)
+            self.names[onnx_name] = self.bind_known(onnx_name, value)
+        else:
+            self.names.pop(onnx_name, None)
+            self.opaque[onnx_name] = value
+
+    def read(self, onnx_name: str) -> str:
+        """The IR value of an ONNX tensor that a converter reads.
+
+        An opaque integer tensor becomes int64 (the IR's integer: uint8 masks, int8 indices).
+
+        Raises:
+            OnnxImportError: nothing produces it, or it is a known value the IR cannot hold.
+        """
+        if onnx_name in self.names:
+            return self.names[onnx_name]
+        if onnx_name in self.opaque:
+            value = self.opaque[onnx_name]
+            if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+                self.names[onnx_name] = self.bind_known(onnx_name, value.astype(np.int64))
+                return self.names[onnx_name]
+            raise self.fail(f"reads {onnx_name!r}, a constant {describe_value(value)}, which fusiontune's IR cannot hold")
+        raise self.fail(f"reads {onnx_name!r}, which nothing produces")
+
+    def known_value(self, onnx_name: str) -> Any:
+        """The contents of a known ONNX tensor (its exact ONNX dtype when the IR has none)."""
+        if onnx_name in self.opaque:
+            return self.opaque[onnx_name]
+        return self.known[self.names[onnx_name]]
 
     def constant_of(self, name: str | None, what: str) -> np.ndarray:
         """The contents of a tensor that must be known at import (a shape, axes, a bound)."""
@@ -287,140 +345,205 @@ def node_names(graph: Any) -> list[str]:
     return out
 
 
-def check_supported(model: Any, path: str) -> None:
-    """Fail before any work when a node has an op type or attribute value that is not supported.
+def check_supported(
+    model: Any, path: str, live: Sequence[bool] | None = None, folder: ReferenceFolder | None = None
+) -> None:
+    """Fail before any work when a node cannot be imported.
+
+    A live node (one that depends on a graph input) needs a converter that takes its op type and
+    attribute values; a known node (constants and static shapes only) needs its converter or an
+    ``onnx.reference`` implementation.
+
+    Args:
+        model: the loaded ``ModelProto``.
+        path: the model file, for the message.
+        live: one flag per node (:func:`fusiontune.ir._onnx_fold.live_nodes`); computed if None.
+        folder: the reference evaluator of the model; made if None.
 
     Raises:
-        OnnxImportError: one line listing every unsupported op type with one node name of each.
+        OnnxImportError: one line with the model's opset, listing every unsupported op type with
+            one node name of each.
     """
     from fusiontune.ir._onnx_ops import unsupported_reason
 
     opset = default_opset(model)
+    if live is None:
+        live = live_nodes(model.graph, [vi.name for vi in graph_inputs(model)])
+    folder = folder or ReferenceFolder(model)
     problems: dict[str, str] = {}
-    if not MIN_OPSET <= opset <= MAX_OPSET:
-        problems[f"opset {opset}"] = "(the model)"
     initializers = {t.name: t for t in model.graph.initializer}
-    for name, node in zip(node_names(model.graph), model.graph.node, strict=True):
+    for name, node, is_live in zip(node_names(model.graph), model.graph.node, live, strict=True):
         reason = unsupported_reason(node, opset, initializers)
+        if reason is not None and not is_live:
+            reason = folder.unavailable(node)
         if reason is not None and reason not in problems:
             problems[reason] = name
+    parts = []
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        parts.append(f"opset {opset} is not supported (opsets {MIN_OPSET} to {MAX_OPSET} are)")
     if problems:
         listed = ", ".join(f"{what} (node {name})" for what, name in problems.items())
-        raise OnnxImportError(f"{path}: unsupported ONNX ops: {listed}")
+        parts.append(f"unsupported ONNX ops (model opset {opset}): {listed}")
+    if parts:
+        raise OnnxImportError(f"{path}: {'; '.join(parts)}")
 
 
-def _input_shape(vi: Any, given: Mapping[str, Sequence[int]], dims: Mapping[str, int], path: str) -> tuple[int, ...]:
-    name = vi.name
-    tt = vi.type.tensor_type
-    declared = list(tt.shape.dim) if tt.HasField("shape") else None
-    if name in given:
-        shape = tuple(int(d) for d in given[name])
-        if any(d < 0 for d in shape):
-            raise OnnxImportError(f"{path}: input {name!r}: shape {shape} has a negative dimension")
-        if declared is not None:
-            if len(declared) != len(shape):
-                raise OnnxImportError(
-                    f"{path}: input {name!r} has rank {len(declared)}, the given shape {shape} has rank {len(shape)}"
-                )
-            for i, (d, s) in enumerate(zip(declared, shape, strict=True)):
-                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != s:
-                    raise OnnxImportError(
-                        f"{path}: input {name!r} dimension {i} is {d.dim_value} in the model, the given shape says {s}"
-                    )
-        return shape
-    if declared is None:
-        raise OnnxImportError(f"{path}: input {name!r} has no shape in the model: give it with --input-shape {name}=...")
-    shape = []
-    for i, d in enumerate(declared):
-        if d.HasField("dim_value") and d.dim_value > 0:
-            shape.append(int(d.dim_value))
-        elif d.dim_param and d.dim_param in dims:
-            shape.append(int(dims[d.dim_param]))
-        else:
-            what = f"dimension {i} ({d.dim_param!r})" if d.dim_param else f"dimension {i} (unnamed)"
-            fix = f"--dim {d.dim_param}=N" if d.dim_param else f"--input-shape {name}=..."
-            raise OnnxImportError(f"{path}: input {name!r} {what} is dynamic: fix it with {fix}")
-    return tuple(shape)
-
-
-def _graph_inputs(model: Any) -> list[Any]:
+def graph_inputs(model: Any) -> list[Any]:
     """The real inputs (old models also list their initializers as inputs)."""
     inits = {t.name for t in model.graph.initializer}
     return [vi for vi in model.graph.input if vi.name not in inits]
 
 
 def used_dim_names(model: Any) -> set[str]:
-    return {d.dim_param for vi in _graph_inputs(model) for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    """The named dimensions (``dim_param``) of the model's inputs."""
+    return {d.dim_param for vi in graph_inputs(model) for d in vi.type.tensor_type.shape.dim if d.dim_param}
 
 
-# ---- the entry point -------------------------------------------------------------------------
-def import_onnx(
+# ---- converting ------------------------------------------------------------------------------
+def _fold_node(imp: Importer, folder: ReferenceFolder, node: Any, initializers: Mapping[str, Any]) -> None:
+    """Evaluate a known node: through its converter when it takes the node (its catalogue nodes
+    fold at once), else through onnx.reference. Its outputs become known values."""
+    from fusiontune.ir._onnx_ops import CONVERTERS, attributes, unsupported_reason
+
+    converter = CONVERTERS.get(node.op_type) if is_default_domain(node) else None
+    readable = all(not i or i in imp.names for i in node.input)
+    error: OnnxImportError | None = None
+    if converter is not None and readable and unsupported_reason(node, imp.opset, initializers) is None:
+        mark = len(imp.nodes)
+        ins = [imp.names[i] if i else None for i in node.input]
+        try:
+            outs = converter(imp, node, ins, attributes(node))
+        except OnnxImportError as e:  # onnx.reference may still manage; else this is the error
+            error = e
+        else:
+            if all(o in imp.known for o in outs):
+                for onnx_out, ir in zip(node.output, outs, strict=False):
+                    if onnx_out:
+                        imp.names[onnx_out] = ir
+                return
+        del imp.nodes[mark:]  # a converter that emitted nodes on constants: evaluate it instead
+    feeds = {}
+    for i in [i for i in node.input if i] + sorted(subgraph_reads(node)):
+        if i in imp.opaque or imp.names.get(i) in imp.known:
+            feeds[i] = imp.known_value(i)
+        else:  # the live input of a Shape or Size: only its shape is read
+            v = imp.value(imp.names[i])
+            feeds[i] = np.zeros(v.shape, v.dtype)
+    try:
+        results = folder.evaluate(node, feeds)
+    except Exception as e:  # noqa: BLE001 - onnx.reference raises anything; the user gets one line
+        if error is not None:
+            raise error from None
+        detail = " ".join(str(e).split())[:200]
+        raise imp.fail(f"{node.op_type} on constants: onnx.reference failed ({type(e).__name__}: {detail})") from None
+    for onnx_out, value in results.items():
+        imp.bind_onnx(onnx_out, value)
+
+
+@dataclass(frozen=True)
+class OnnxImport:
+    """An imported model: the graph and the sizes its inputs were fixed to.
+
+    Attributes:
+        graph: the static-shape graph of catalogue ops.
+        input_shapes: graph input name -> its shape.
+        dims: every named input dimension (``dim_param``) -> its size.
+        opset: the model's default-domain opset.
+    """
+
+    graph: Graph
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    dims: Mapping[str, int] = field(default_factory=dict)
+    opset: int = MAX_OPSET
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_shapes", MappingProxyType(dict(self.input_shapes)))
+        object.__setattr__(self, "dims", MappingProxyType(dict(self.dims)))
+
+
+# ---- the entry points ------------------------------------------------------------------------
+def import_model(
     path: str | os.PathLike[str],
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     dims: Mapping[str, int] | None = None,
-) -> Graph:
+    *,
+    arrays_file: str | os.PathLike[str] | None = None,
+    array_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> OnnxImport:
     """Import an ONNX model file as a static-shape graph of catalogue ops.
 
     Args:
         path: the ``.onnx`` file (weights inside it; external data next to it also loads).
-        input_shapes: whole shapes per graph input name, overriding the model's.
+        input_shapes: whole shapes per graph input name (``--input-shape``).
         dims: sizes of symbolic dimensions (``dim_param``), e.g. ``{"batch": 2, "seq": 64}``.
+        arrays_file: the file of input arrays ``array_shapes`` describe (for messages).
+        array_shapes: the shapes of the arrays the model will run on, by input name; keys that
+            are not inputs are ignored. See :func:`fusiontune.ir._onnx_shapes.fix_input_shapes`.
 
     Returns:
-        The graph, named after the file's stem; its outputs keep their ONNX names.
+        The graph (named after the file's stem; its outputs keep their ONNX names), with the
+        input shapes and named dimensions it was imported with.
 
     Raises:
         OnnxImportError: the file is missing or not ONNX, fails ``onnx.checker``, has unsupported
             ops (all listed, before any work), a dynamic dimension left unfixed, an unknown name
             in ``input_shapes`` or ``dims``, or a tensor that must be constant and is not.
+        InputFileError: an array shape that does not fit the model or the other shapes.
     """
     from fusiontune.ir._onnx_ops import CONVERTERS, attributes
+    from fusiontune.ir._onnx_shapes import fix_input_shapes
 
     onnx = _onnx()
     spath = str(path)
     model = load_model(path)
-    check_supported(model, spath)
-    given = dict(input_shapes or {})
-    dims = dict(dims or {})
-    real_inputs = _graph_inputs(model)
-    input_names = [vi.name for vi in real_inputs]
-    for name in given:
-        if name not in input_names:
-            raise OnnxImportError(f"{spath}: --input-shape {name}: no such input (inputs: {', '.join(input_names)})")
-    used = used_dim_names(model)
-    for name in dims:
-        if name not in used:
-            known = ", ".join(sorted(used)) or "none"
-            raise OnnxImportError(f"{spath}: --dim {name}: no input dimension has this name (named dimensions: {known})")
     g = model.graph
+    real_inputs = graph_inputs(model)
+    folder = ReferenceFolder(model)
+    live = live_nodes(g, [vi.name for vi in real_inputs])
+    check_supported(model, spath, live, folder)
+    shapes, fixed_dims = fix_input_shapes(
+        model, spath, input_shapes, dims, None if arrays_file is None else str(arrays_file), array_shapes
+    )
     reserved = {t.name for t in g.initializer} | {vi.name for vi in g.input} | {o for n in g.node for o in n.output}
-    imp = Importer(spath, default_opset(model), reserved)
+    opset = default_opset(model)
+    imp = Importer(spath, opset, reserved)
+    initializers = {t.name: t for t in g.initializer}
     for t in g.initializer:
         imp.current = t.name
-        arr = onnx.numpy_helper.to_array(t)
-        if arr.dtype.kind in "iu" and str(arr.dtype) not in DTYPES:
-            arr = arr.astype(np.int64)  # small integer tensors (uint8 masks, int8 indices)
-        imp.names[t.name] = imp.bind_known(t.name, arr)
+        imp.bind_onnx(t.name, onnx.numpy_helper.to_array(t))
     for vi in real_inputs:
         elem = vi.type.tensor_type.elem_type
         dtype = np_dtype(elem)
         if dtype not in DTYPES:
             raise OnnxImportError(f"{spath}: input {vi.name!r} has dtype {dtype} (supported: {', '.join(DTYPES)})")
-        shape = _input_shape(vi, given, dims, spath)
-        imp.values[vi.name] = Value(vi.name, shape, dtype)
+        imp.values[vi.name] = Value(vi.name, shapes[vi.name], dtype)
         imp.inputs.append(vi.name)
         imp.names[vi.name] = vi.name
-    for name, node in zip(node_names(g), g.node, strict=True):
+    for name, node, is_live in zip(node_names(g), g.node, live, strict=True):
         imp.current = name
-        ins = [imp.names[i] if i else None for i in node.input]
-        for onnx_in, ir in zip(node.input, ins, strict=True):
-            if onnx_in and ir is None:
-                raise imp.fail(f"reads {onnx_in!r}, which nothing produces")
+        if not is_live:
+            _fold_node(imp, folder, node, initializers)
+            continue
+        ins = [imp.read(i) if i else None for i in node.input]
         outs = CONVERTERS[node.op_type](imp, node, ins, attributes(node))
         for onnx_out, ir in zip(node.output, outs, strict=False):
             if onnx_out:
                 imp.names[onnx_out] = ir
+    for o in g.output:
+        if o.name not in imp.names and o.name in imp.opaque:
+            imp.current = f"output/{o.name}"
+            imp.read(o.name)
     missing = [o.name for o in g.output if o.name not in imp.names]
     if missing:
         raise OnnxImportError(f"{spath}: graph output {missing[0]!r} is never produced")
-    return imp.finish(Path(spath).stem, [o.name for o in g.output])
+    graph = imp.finish(Path(spath).stem, [o.name for o in g.output])
+    return OnnxImport(graph, shapes, fixed_dims, opset)
+
+
+def import_onnx(
+    path: str | os.PathLike[str],
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
+) -> Graph:
+    """The graph of :func:`import_model` (same arguments, same errors)."""
+    return import_model(path, input_shapes, dims).graph

@@ -22,9 +22,10 @@ from fusiontune.workloads.onnx_model import OnnxSource, index_bounds, load_onnx_
 F = TensorProto.FLOAT
 
 
-def save(tmp_path: Path, nodes, inputs, outputs, inits=(), opset: int = 17, name: str = "m") -> Path:
+def save(tmp_path: Path, nodes, inputs, outputs, inits=(), opset: int = 17, name: str = "m", domains=None) -> Path:
     graph = helper.make_graph(nodes, name, inputs, outputs, list(inits))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)  # onnxruntime 1.31 reads IR <= 13
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (domains or {}).items()]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)  # onnxruntime 1.31 reads IR <= 13
     path = tmp_path / f"{name}.onnx"
     onnx.save(model, str(path))
     return path
@@ -65,19 +66,20 @@ def test_shape_subgraph_folds_into_a_constant_reshape(tmp_path: Path) -> None:
 
 def test_unsupported_ops_are_all_listed_with_one_node_each(tmp_path: Path) -> None:
     nodes = [
-        helper.make_node("Elu", ["x"], ["a"], name="elu1"),
-        helper.make_node("Elu", ["a"], ["b"], name="elu2"),
-        helper.make_node("Abs", ["b"], ["c"], name="abs1"),
+        helper.make_node("Hardmax", ["x"], ["a"], name="hardmax1"),
+        helper.make_node("Hardmax", ["a"], ["b"], name="hardmax2"),
+        helper.make_node("Custom", ["b"], ["c"], name="custom1", domain="com.example"),
         helper.make_node("Relu", ["c"], ["d"], name="relu"),
-        helper.make_node("Softplus", ["d"], ["y"], name="softplus"),
+        helper.make_node("LpNormalization", ["d"], ["y"], name="lpnorm"),
     ]
-    path = save(tmp_path, nodes, [vi("x", [1, 2, 3, 3])], [vi("y", [1, 2, 3, 3])])
+    path = save(tmp_path, nodes, [vi("x", [1, 2, 3, 3])], [vi("y", [1, 2, 3, 3])], domains={"com.example": 1})
     with pytest.raises(OnnxImportError) as e:
         import_onnx(path)
     msg = str(e.value)
-    assert "\n" not in msg and str(path) in msg
-    assert "Elu (node elu1)" in msg and "Abs (node abs1)" in msg and "Softplus (node softplus)" in msg
-    assert "elu2" not in msg and "Relu" not in msg
+    assert "\n" not in msg and str(path) in msg and "(model opset 17)" in msg
+    assert "Hardmax (node hardmax1)" in msg and "com.example.Custom (node custom1)" in msg
+    assert "LpNormalization (node lpnorm)" in msg
+    assert "hardmax2" not in msg and "Relu" not in msg
 
 
 def test_dynamic_dimension_must_be_fixed(tmp_path: Path) -> None:
@@ -89,8 +91,10 @@ def test_dynamic_dimension_must_be_fixed(tmp_path: Path) -> None:
     assert import_onnx(path, input_shapes={"x": (5, 8)}).values["y"].shape == (5, 8)
     with pytest.raises(OnnxImportError, match="--dim seq: no input dimension has this name"):
         import_onnx(path, dims={"batch": 3, "seq": 4})
-    with pytest.raises(OnnxImportError, match="dimension 1 is 8 in the model"):
+    with pytest.raises(OnnxImportError, match="--input-shape x: dimension 1 is 9, the model fixes it to 8"):
         import_onnx(path, input_shapes={"x": (5, 9)})
+    with pytest.raises(OnnxImportError, match=r"--input-shape x: dimension 0 \('batch'\) is 5, but --dim batch=3 makes batch 3"):
+        import_onnx(path, input_shapes={"x": (5, 8)}, dims={"batch": 3})
 
 
 @pytest.mark.parametrize(
