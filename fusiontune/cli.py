@@ -425,7 +425,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=_shape_assignment,
         action="append",
         default=[],
-        help="an ONNX model: the whole shape of one input, e.g. input_ids=2x64 (repeatable)",
+        help="an ONNX model: the whole shape of one input, e.g. input_ids=2x64 (repeatable); it also"
+        " fixes the named dimensions it shares with other inputs",
+    )
+    p.add_argument(
+        "--inputs",
+        metavar="FILE.npz",
+        help="an ONNX model: run on these arrays (np.savez, keyed by input name; other keys ignored);"
+        " their shapes fix the input shapes, and an input the file lacks is drawn at random when"
+        " its shape is fixed",
+    )
+    p.add_argument(
+        "--save-outputs",
+        metavar="FILE.npz",
+        help="write the fused program's outputs there, keyed by output name (np.savez format)",
     )
     p.add_argument("--repeat", metavar="N", type=int, help="timed repeats")
     p.add_argument(

@@ -3,14 +3,19 @@
 It prints what a MindSpore or CANN user looks for after a run: the fusion log in CANN's form, the
 kernel count before and after fusion, the median runtime, the error against the float64
 reference (with the float32 unfused floor beside it), the planned peak memory and, for the seeds'
-small networks, the result itself. It writes ``fusion_result.json`` for the run.
+small networks, the result itself. It writes ``fusion_result.json`` for the run and, with
+``--save-outputs FILE.npz``, the fused program's outputs keyed by output name. An ONNX model runs
+on random inputs, or on the arrays of ``--inputs FILE.npz`` (see
+:mod:`fusiontune.workloads.onnx_model`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +34,12 @@ from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.passes.registry import lookup
 from fusiontune.runtime import Program, build_program
 from fusiontune.workloads import Workload, make_workload
-from fusiontune.workloads.onnx_model import ONNX_SUFFIX, OnnxSource, load_onnx_workload
+from fusiontune.workloads.onnx_model import (
+    ONNX_SUFFIX,
+    OnnxSource,
+    input_file_keys,
+    load_onnx_workload,
+)
 
 SMALL_OUTPUT = 64  # print outputs up to this many elements, as the seeds print `result: [...]`
 
@@ -130,26 +140,53 @@ def _compare_all_off(workload: Workload, program: Program, measure: MeasureConfi
 
 
 def load_run_workload(args: argparse.Namespace) -> Workload:
-    """The workload of ``run``: a built-in name with ``--size``, or ``MODEL.onnx`` with ``--dim`` and
-    ``--input-shape``.
+    """The workload of ``run``: a built-in name with ``--size``, or ``MODEL.onnx`` with ``--dim``,
+    ``--input-shape`` and ``--inputs``.
 
     Raises:
-        UserError: an unknown name or size, options of the other kind, or a model that does not import.
+        UserError: an unknown name or size, options of the other kind, a model that does not
+            import, or an input file that does not fit it.
     """
     dims = dict(getattr(args, "dim", None) or [])
     shapes = dict(getattr(args, "input_shape", None) or [])
+    inputs = getattr(args, "inputs", None)
     if args.workload.endswith(ONNX_SUFFIX):
         if args.size:
             raise UserError(f"{args.workload}: --size is for built-in workloads; fix an ONNX model's dimensions with --dim NAME=N or --input-shape NAME=AxB")
-        return load_onnx_workload(OnnxSource.make(args.workload, dims, shapes))
-    if dims or shapes:
-        raise UserError(f"--dim and --input-shape are for ONNX models (MODEL{ONNX_SUFFIX}), not the built-in workload {args.workload!r}")
+        return load_onnx_workload(OnnxSource.make(args.workload, dims, shapes, inputs))
+    if dims or shapes or inputs:
+        raise UserError(f"--dim, --input-shape and --inputs are for ONNX models (MODEL{ONNX_SUFFIX}), not the built-in workload {args.workload!r}")
     return make_workload(args.workload, **dict(args.size))
+
+
+def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray]) -> Path:
+    """Write ``outputs`` as an ``.npz`` archive keyed by output name, readable by ``np.load``.
+
+    The archive is what ``np.savez`` writes; it is written here entry by entry because an ONNX
+    output may be named ``file`` or ``allow_pickle``, which ``np.savez(path, **outputs)`` rejects.
+    The path is used as given (no ``.npz`` is appended); its folder is created.
+    """
+    p = Path(path)
+    if p.parent != Path():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, arr in outputs.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(arr), allow_pickle=False)
+    return p
 
 
 def run_command(args: argparse.Namespace) -> int:
     """The ``run`` subcommand."""
     workload = load_run_workload(args)
+    inputs_file = getattr(args, "inputs", None)
+    drawn = []
+    if inputs_file is not None:
+        keys = set(input_file_keys(inputs_file))
+        drawn = [name for name in workload.graph.inputs if name not in keys]
+        if drawn:
+            listed = ", ".join(repr(n) for n in drawn)
+            print(f"fusiontune: note: {inputs_file} has no array for input {listed}: drawn at random", file=sys.stderr)
     config = resolve_config(args.config, args.flags, list(args.split))
     measure = MeasureConfig(repeat=args.repeat or 9, min_repeat_ms=5.0)
     t0 = time.perf_counter()
@@ -157,8 +194,15 @@ def run_command(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if getattr(args, "out", None) else Path("results") / f"run_{workload.name}"
     out_dir.mkdir(parents=True, exist_ok=True)
     fr_path = write_fusion_result(result.pipeline.report, out_dir / "fusion_result.json")
+    saved = getattr(args, "save_outputs", None)
+    saved_path = save_outputs(saved, result.outputs) if saved else None
     versus = _compare_all_off(workload, result.program, measure) if getattr(args, "vs_all_off", False) else None
     record = _record(result, versus, fr_path, args.dump_graphs, time.perf_counter() - t0)
+    if inputs_file is not None:
+        record["inputs_file"] = str(inputs_file)
+        record["random_inputs"] = drawn
+    if saved_path is not None:
+        record["saved_outputs"] = str(saved_path)
     if args.json:
         print(json.dumps(record, indent=2))
     else:
@@ -242,5 +286,7 @@ def _print_human(r: RunResult, rec: dict[str, Any]) -> None:
         if arr.size <= SMALL_OUTPUT:
             print(f"result {name}: {np.array2string(arr, precision=6, suppress_small=False)}")
     print(f"wrote     {rec['fusion_result']}")
+    if "saved_outputs" in rec:
+        print(f"wrote     {rec['saved_outputs']} (the outputs, by name)")
     if "dumps" in rec:
         print(f"wrote     {rec['dumps']}/ (text and DOT of every stage)")

@@ -1,10 +1,24 @@
 """ONNX models as workloads, and the one function that builds any space's workload.
 
 An :class:`OnnxSource` is everything needed to rebuild an ONNX workload anywhere (the local
-evaluator, a Ray actor on another node, the confirmation stage): the model's absolute path and the
-sizes that fix its dynamic dimensions. Its inputs are standard-normal floats as for the built-in
-workloads, except integer inputs used as ``Gather`` indices (token ids, positions), which are
-drawn in range of the gathered axis: ids in ``[0, vocab)``, never an out-of-range lookup.
+evaluator, a Ray actor on another node, the confirmation stage): the model's absolute path, the
+sizes that fix its dynamic dimensions and, optionally, a file of input arrays.
+
+Inputs without a file are standard-normal floats as for the built-in workloads, except integer
+inputs used as ``Gather`` indices (token ids, positions), which are drawn in range of the gathered
+axis: ids in ``[0, vocab)``, never an out-of-range lookup.
+
+An input file (``fusiontune run MODEL.onnx --inputs FILE.npz``, ``inputs = "FILE.npz"`` in a
+search space) is an ``np.savez`` archive keyed by ONNX input name; keys that are not inputs are
+ignored. Its arrays fix the input shapes (and with them every named dimension they share with
+other inputs, see :func:`fusiontune.ir._onnx_shapes.fix_input_shapes`), and the workload, its
+float64 reference included, runs on them. Each array is cast to its input's dtype when no value
+changes: any float to the input's float type (float64 given for float32), integers and bools to
+the input's integer type when they fit (int32 ids for int64), integers and bools to a float type
+when exact, 0/1 integers to bool; anything else is an error naming the file and the key. Index
+inputs must be in range of the axis they gather. An input the file lacks is drawn at random as
+above when its shape is fully fixed (by the model, by the file's other arrays or by ``--dim`` /
+``--input-shape``); otherwise it is an error naming the file and the input.
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ import numpy as np
 
 from fusiontune.ir.graph import Graph
 from fusiontune.ir.interpreter import random_inputs, run_graph
+from fusiontune.ir.onnx_import import InputFileError, OnnxImport
 from fusiontune.workloads.workload import Workload
 
 ONNX_SUFFIX = ".onnx"
@@ -35,11 +50,13 @@ class OnnxSource:
         path: the ``.onnx`` file, absolute.
         dims: symbolic dimension name -> size, as sorted pairs (picklable, hashable).
         input_shapes: input name -> whole shape, as sorted pairs.
+        inputs: an ``.npz`` file of input arrays keyed by input name, absolute; None: random inputs.
     """
 
     path: str
     dims: tuple[tuple[str, int], ...] = ()
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    inputs: str | None = None
 
     @classmethod
     def make(
@@ -47,12 +64,14 @@ class OnnxSource:
         path: str | Path,
         dims: Mapping[str, int] | None = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
+        inputs: str | Path | None = None,
     ) -> OnnxSource:
-        """A source from plain mappings; the path is made absolute."""
+        """A source from plain mappings; the paths are made absolute."""
         return cls(
             str(Path(path).resolve()),
             tuple(sorted((k, int(v)) for k, v in (dims or {}).items())),
             tuple(sorted((k, tuple(int(d) for d in v)) for k, v in (input_shapes or {}).items())),
+            None if inputs is None else str(Path(inputs).resolve()),
         )
 
     @property
@@ -60,11 +79,31 @@ class OnnxSource:
         """The workload name: the file's stem."""
         return Path(self.path).stem
 
-    def graph(self) -> Graph:
-        """Import the model (see :func:`fusiontune.ir.onnx_import.import_onnx`)."""
-        from fusiontune.ir.onnx_import import import_onnx
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays of the input file (every key), or {} without one.
 
-        return import_onnx(self.path, dict(self.input_shapes), dict(self.dims))
+        Raises:
+            InputFileError: the file cannot be read as an ``.npz`` archive.
+        """
+        return {} if self.inputs is None else read_input_file(self.inputs)
+
+    def load(self, arrays: Mapping[str, np.ndarray] | None = None) -> OnnxImport:
+        """Import the model, its input shapes fixed by ``dims``, ``input_shapes`` and the shapes of
+        ``arrays`` (the input file's, read if None); see :func:`~fusiontune.ir.onnx_import.import_model`."""
+        from fusiontune.ir.onnx_import import import_model
+
+        arrays = self.arrays() if arrays is None else arrays
+        return import_model(
+            self.path,
+            dict(self.input_shapes),
+            dict(self.dims),
+            arrays_file=self.inputs,
+            array_shapes={k: v.shape for k, v in arrays.items()} if self.inputs is not None else None,
+        )
+
+    def graph(self) -> Graph:
+        """Import the model (see :meth:`load`)."""
+        return self.load().graph
 
 
 def index_bounds(graph: Graph) -> dict[str, int]:
@@ -100,16 +139,143 @@ def onnx_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return arrays
 
 
-def load_onnx_workload(source: OnnxSource, seed: int = 0) -> Workload:
-    """Import the model, make its inputs and run the float64 reference.
+def read_input_file(path: str | Path) -> dict[str, np.ndarray]:
+    """Every array of an ``np.savez`` archive, by key.
 
     Raises:
-        OnnxImportError: as :func:`~fusiontune.ir.onnx_import.import_onnx`.
+        InputFileError: one line naming the file (and the key): no such file, not an ``.npz``
+            archive (a ``.npy`` array, a pickle, anything else), or an entry that cannot be read.
     """
-    graph = source.graph()
+    import zipfile
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputFileError(f"{p}: no such file" if not p.exists() else f"{p}: not a file")
+    try:
+        loaded = np.load(p, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise InputFileError(f"{p}: not an .npz file of arrays ({_short(e)})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise InputFileError(f"{p}: a single .npy array, expected an .npz archive keyed by input name (np.savez)")
+    arrays: dict[str, np.ndarray] = {}
+    with loaded:
+        for key in loaded.files:
+            try:
+                arrays[key] = np.asarray(loaded[key])
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+                raise InputFileError(f"{p}: key {key!r}: cannot be read ({_short(e)})") from None
+    return arrays
+
+
+def input_file_keys(path: str | Path) -> list[str]:
+    """The keys of an ``.npz`` archive, read from its directory alone ([] if it cannot be read)."""
+    try:
+        with np.load(path, allow_pickle=False) as loaded:
+            return list(loaded.files)
+    except (OSError, ValueError, EOFError, AttributeError, TypeError):
+        return []
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split())[:160]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def cast_input(file: str, key: str, array: np.ndarray, dtype: str) -> np.ndarray:
+    """``array`` in ``dtype`` when the cast changes no value, as ONNX inputs allow.
+
+    Args:
+        file: the input file, for messages.
+        key: the array's key (the input name), for messages.
+        array: the array as read.
+        dtype: the input's dtype (a dtype of the IR).
+
+    Returns:
+        A C-contiguous, writable array of ``dtype``.
+
+    Raises:
+        InputFileError: a cast that would change values or that is odd (floats for an integer or
+            bool input, strings, complex numbers, objects).
+    """
+    src, dst = array.dtype, np.dtype(dtype)
+    where = f"{file}: key {key!r}"
+    if src == dst:
+        return np.array(array, order="C", copy=True)
+    if src.kind not in "biuf":
+        raise InputFileError(f"{where}: holds {src} values, the input is {dst}")
+    if dst.kind == "f":
+        if src.kind == "f":
+            with np.errstate(over="ignore", invalid="ignore"):
+                out = array.astype(dst)
+            if np.any(np.isfinite(array) & ~np.isfinite(out)):
+                raise InputFileError(f"{where}: {src} values out of the {dst} range of the input")
+            return np.ascontiguousarray(out)
+        out = array.astype(dst)
+        if not np.array_equal(out.astype(src), array):
+            raise InputFileError(f"{where}: {src} values that {dst} cannot hold exactly (the input is {dst})")
+        return np.ascontiguousarray(out)
+    if src.kind == "f":
+        raise InputFileError(f"{where}: holds {src} values, the input is {dst}: give {dst} values")
+    if dst.kind == "b":
+        if not np.isin(array, (0, 1)).all():
+            raise InputFileError(f"{where}: {src} values other than 0 and 1 for a bool input")
+        return np.ascontiguousarray(array.astype(dst))
+    if array.size and src.kind != "b":
+        info = np.iinfo(dst)
+        if array.min() < info.min or array.max() > info.max:
+            raise InputFileError(f"{where}: {src} values out of the {dst} range of the input")
+    return np.ascontiguousarray(array.astype(dst))
+
+
+def file_inputs(graph: Graph, arrays: Mapping[str, np.ndarray], file: str) -> dict[str, np.ndarray]:
+    """The arrays of an input file for the inputs of ``graph``: cast, shape-checked, in range.
+
+    Args:
+        graph: the imported graph (its input shapes already fixed by the arrays' shapes).
+        arrays: the file's arrays by key; keys that are not graph inputs are ignored.
+        file: the input file, for messages.
+
+    Returns:
+        One array per graph input the file has, in the input's dtype.
+
+    Raises:
+        InputFileError: a dtype that cannot be cast (:func:`cast_input`), a shape that differs
+            from the input's, or an index input with values outside the axis it gathers.
+    """
+    bounds = index_bounds(graph)
+    out: dict[str, np.ndarray] = {}
+    for name in graph.inputs:
+        if name not in arrays:
+            continue
+        v = graph.values[name]
+        arr = cast_input(file, name, arrays[name], v.dtype)
+        if arr.shape != v.shape:
+            raise InputFileError(f"{file}: key {name!r} has shape {arr.shape}, the input has {v.shape}")
+        if name in bounds and arr.size and (arr.min() < -bounds[name] or arr.max() >= bounds[name]):
+            raise InputFileError(
+                f"{file}: key {name!r}: indices from {arr.min()} to {arr.max()}, outside the"
+                f" {bounds[name]} rows of the table the model gathers them from"
+            )
+        out[name] = arr
+    return out
+
+
+def load_onnx_workload(source: OnnxSource, seed: int = 0) -> Workload:
+    """Import the model, make its inputs (from the source's input file where it has them) and run
+    the float64 reference.
+
+    Raises:
+        OnnxImportError: as :func:`~fusiontune.ir.onnx_import.import_model`.
+        InputFileError: the input file is unreadable or does not fit the model.
+    """
+    arrays = source.arrays()
+    imported = source.load(arrays)
+    graph = imported.graph
     inputs = onnx_inputs(graph, seed)
+    if source.inputs is not None:
+        inputs.update(file_inputs(graph, arrays, source.inputs))
     reference = run_graph(graph, inputs, "float64")
-    return Workload(source.name, graph, inputs, reference, dict(source.dims))
+    return Workload(source.name, graph, inputs, reference, dict(imported.dims))
 
 
 def load_workload(source: str | OnnxSource, sizes: Mapping[str, int] | None = None) -> Workload:

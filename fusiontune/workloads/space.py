@@ -34,7 +34,7 @@ from fusiontune.measure import METRICS, MeasureConfig
 from fusiontune.passes.base import PassInfo, SplitPoint
 from fusiontune.passes.registry import PASSES, closest, lookup
 from fusiontune.workloads.builtin import WORKLOADS
-from fusiontune.workloads.onnx_model import OnnxSource
+from fusiontune.workloads.onnx_model import InputFileError, OnnxSource, file_inputs
 from fusiontune.workloads.target import CommandTarget, load_job_passes, load_target
 from fusiontune.workloads.target import toml_kind as _kind
 
@@ -90,8 +90,9 @@ class SearchSpace:
         target: the user's job when the space tunes one (``[target] kind = "command"``); then
             ``workload`` is empty, ``searched`` and ``fixed`` name the job's passes, there are no
             split points, and ``metric`` is ``"error"``. None: the built-in ``workload``.
-        onnx: the ONNX model the space tunes (``[workload] onnx = "model.onnx"``), its path made
-            absolute; None for a built-in workload. Build either kind with
+        onnx: the ONNX model the space tunes (``[workload] onnx = "model.onnx"``, and optionally
+            ``inputs = "arrays.npz"``, the arrays it runs on), its paths made absolute; None for a
+            built-in workload. Build either kind with
             :func:`fusiontune.workloads.onnx_model.space_workload`.
     """
 
@@ -455,7 +456,7 @@ class _Loader:
                 " tune your own job",
             )
         workload, sizes, onnx = self.workload(
-            self.table(data, "workload", ("name", "sizes", "onnx", "dims", "input_shapes"))
+            self.table(data, "workload", ("name", "sizes", "onnx", "dims", "input_shapes", "inputs"))
         )
         searched, fixed = self.passes(self.table(data, "passes", ("search", "fixed")))
         splits = self.split_points(data.get("split_points", {}), searched, fixed)
@@ -584,7 +585,7 @@ class _Loader:
     def workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int], OnnxSource | None]:
         if "onnx" in table:
             return self.onnx_workload(table)
-        for key in ("dims", "input_shapes"):
+        for key in ("dims", "input_shapes", "inputs"):
             if key in table:
                 self.fail(f"workload.{key}", 'only with onnx = "<model.onnx>"')
         if "name" not in table:
@@ -607,7 +608,8 @@ class _Loader:
         return name, sizes, None
 
     def onnx_workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int], OnnxSource]:
-        """``onnx = "model.onnx"`` (relative to the space file), ``[workload.dims]``, ``[workload.input_shapes]``."""
+        """``onnx = "model.onnx"`` (relative to the space file), ``[workload.dims]``, ``[workload.input_shapes]``,
+        ``inputs = "arrays.npz"`` (relative to the space file: the arrays the model runs on)."""
         for key in ("name", "sizes"):
             if key in table:
                 self.fail(f"workload.{key}", "not used with onnx: the model's file stem names the workload")
@@ -632,12 +634,22 @@ class _Loader:
                 self.fail(where, f"expected a list of sizes, got {_kind(value)}")
             for v in value:
                 self.integer(v, where, low=1)
-        source = OnnxSource.make(file, dims, shapes)
-        try:  # importing checks the model, its ops and that every dynamic dimension is fixed
-            source.graph()
+        inputs = table.get("inputs")
+        if inputs is not None:
+            if not isinstance(inputs, str) or not inputs:
+                self.fail("workload.inputs", f"expected the path of a .npz file, got {_kind(inputs)}")
+            inputs = (base / inputs).resolve()
+        source = OnnxSource.make(file, dims, shapes, inputs)
+        try:  # importing checks the model, its ops, that every dynamic dimension is fixed, the arrays
+            arrays = source.arrays()
+            imported = source.load(arrays)
+            if source.inputs is not None:
+                file_inputs(imported.graph, arrays, source.inputs)
+        except InputFileError as e:
+            self.fail("workload.inputs", str(e))
         except UserError as e:
             self.fail("workload.onnx", str(e))
-        return source.name, dict(source.dims), source
+        return source.name, dict(imported.dims), source
 
     def passes(self, table: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, bool]]:
         fixed_table = table.get("fixed", {})
