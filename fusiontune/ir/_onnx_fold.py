@@ -155,10 +155,22 @@ class ReferenceFolder:
         from onnx import helper
         from onnx.reference import ReferenceEvaluator
 
-        if node.domain == "ai.onnx":
+        feeds = dict(feeds)
+        loop_without_cond = node.op_type == "Loop" and (len(node.input) < 2 or not node.input[1])
+        if node.domain == "ai.onnx" or loop_without_cond:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
             copy.domain = ""
+            if loop_without_cond:
+                # onnx.reference (1.23) runs no iteration when Loop's optional cond is omitted
+                # (None is false); an omitted cond means true, so give it one.
+                cond = "fold/loop_cond"
+                while cond in feeds:
+                    cond += "_"
+                while len(copy.input) < 2:
+                    copy.input.append("")
+                copy.input[1] = cond
+                feeds[cond] = np.array(True)
             node = copy
         if self._functions is None:
             self._functions = []
@@ -173,7 +185,7 @@ class ReferenceFolder:
         )
         evaluator = ReferenceEvaluator(graph, opsets=dict(self.opsets), functions=list(self._functions))
         with np.errstate(all="ignore"):
-            results = evaluator.run(None, dict(feeds))
+            results = evaluator.run(None, feeds)
         return {o: _as_value(r) for o, r in zip(outputs, results, strict=True)}
 
 

@@ -191,6 +191,28 @@ def test_if_on_a_constant_condition_is_evaluated(tmp_path: Path) -> None:
     matches_onnxruntime(path, {"x": np.ones(3, np.float32)})
 
 
+@pytest.mark.parametrize("cond", ["", "true"])
+def test_loop_on_constants_is_evaluated(tmp_path: Path, cond: str) -> None:
+    # three iterations of acc += w (w from the outer scope); an omitted cond means true
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "w"], ["acc_out"], name="acc"), helper.make_node("Identity", ["c_in"], ["c_out"], name="c")],
+        "body",
+        [vi("i", [], I64), vi("c_in", [], TensorProto.BOOL), vi("acc_in", [3])],
+        [vi("c_out", [], TensorProto.BOOL), vi("acc_out", [3])],
+    )
+    nodes = [
+        helper.make_node("Loop", ["n", cond, "acc0"], ["acc"], name="loop", body=body),
+        helper.make_node("Add", ["x", "acc"], ["y"], name="add"),
+    ]
+    inits = [init("n", np.array(3, np.int64)), init("acc0", np.zeros(3, np.float32)), init("w", np.array([1.0, 2.0, 3.0], np.float32))]
+    inits += [init("true", np.array(True))] if cond else []
+    path = save(tmp_path, nodes, [vi("x", [3])], [vi("y", [3])], inits)
+    g = import_onnx(path)
+    assert g.op_counts() == {"Add": 1}
+    np.testing.assert_array_equal(g.constants[g.node("add").inputs[1]], [3.0, 6.0, 9.0])
+    matches_onnxruntime(path, {"x": np.ones(3, np.float32)})
+
+
 def test_if_that_reads_live_data_in_a_branch_is_live(tmp_path: Path) -> None:
     then_g = helper.make_graph([helper.make_node("Neg", ["x"], ["t"], name="neg")], "then", [], [vi("t", [3])])
     else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["e"], name="id")], "else", [], [vi("e", [3])])
