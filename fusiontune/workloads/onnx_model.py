@@ -147,13 +147,16 @@ def read_input_file(path: str | Path) -> dict[str, np.ndarray]:
             archive (a ``.npy`` array, a pickle, anything else), or an entry that cannot be read.
     """
     import zipfile
+    import zlib
 
     p = Path(path)
     if not p.is_file():
         raise InputFileError(f"{p}: no such file" if not p.exists() else f"{p}: not a file")
     try:
         loaded = np.load(p, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
+    except PermissionError:
+        raise InputFileError(f"{p}: permission denied") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise InputFileError(f"{p}: not an .npz file of arrays ({_short(e)})") from None
     if not isinstance(loaded, np.lib.npyio.NpzFile):
         raise InputFileError(f"{p}: a single .npy array, expected an .npz archive keyed by input name (np.savez)")
@@ -162,17 +165,19 @@ def read_input_file(path: str | Path) -> dict[str, np.ndarray]:
         for key in loaded.files:
             try:
                 arrays[key] = np.asarray(loaded[key])
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
                 raise InputFileError(f"{p}: key {key!r}: cannot be read ({_short(e)})") from None
     return arrays
 
 
 def input_file_keys(path: str | Path) -> list[str]:
     """The keys of an ``.npz`` archive, read from its directory alone ([] if it cannot be read)."""
+    import zipfile
+
     try:
         with np.load(path, allow_pickle=False) as loaded:
             return list(loaded.files)
-    except (OSError, ValueError, EOFError, AttributeError, TypeError):
+    except (OSError, ValueError, EOFError, AttributeError, TypeError, zipfile.BadZipFile):
         return []
 
 

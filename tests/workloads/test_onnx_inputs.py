@@ -190,8 +190,12 @@ def test_files_that_are_not_npz_are_one_line_errors(tmp_path: Path) -> None:
     text.write_text("not an archive")
     single = tmp_path / "single.npy"
     np.save(single, np.zeros(3))
+    truncated = tmp_path / "truncated.npz"
+    np.savez(truncated, ids=np.arange(1000))
+    truncated.write_bytes(truncated.read_bytes()[:500])
     cases = {
         text: "not an .npz file of arrays",
+        truncated: "not an .npz file of arrays (BadZipFile",
         single: "a single .npy array, expected an .npz archive keyed by input name",
         tmp_path / "missing.npz": "no such file",
         tmp_path: "not a file",
