@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fusiontune.config import FusionConfig
 from fusiontune.ir import Graph, GraphBuilder, Tensor, random_inputs, run_graph
-from fusiontune.passes.graph._canonical_rules import _EXACT_WIDENING, operand_rank
+from fusiontune.passes.graph._canonical_rules import EXACT_WIDENING, operand_rank
 from fusiontune.passes.graph._match import View
 from fusiontune.passes.pattern import COMMUTATIVE
 from fusiontune.passes.pipeline import run_pipeline
@@ -243,7 +243,7 @@ def non_canonical(graph: Graph) -> list[str]:
             wide = view.dtype(ins[0])
             if (
                 view.dtype(out) == view.dtype(x)
-                and wide in _EXACT_WIDENING.get(view.dtype(x), ())
+                and wide in EXACT_WIDENING.get(view.dtype(x), ())
                 and not _forward_blocked(graph, out, x)
             ):
                 found.append(f"{n.name}: Cast round trip")

@@ -116,7 +116,7 @@ def _perm(view: View, node: Node) -> tuple[int, ...]:
 
 
 # Casts ``x -> wide -> x`` that lose nothing: ``wide`` holds every value of x's dtype.
-_EXACT_WIDENING: dict[str, frozenset[str]] = {
+EXACT_WIDENING: dict[str, frozenset[str]] = {
     "float16": frozenset({"float32", "float64"}),
     "float32": frozenset({"float64"}),
     "int32": frozenset({"int64"}),
@@ -183,7 +183,7 @@ def _cast_round_trip(m: Match) -> Replacement | None:
     wide = view.dtype(m.node("inner").outputs[0])
     if view.dtype(m.nodes[0].outputs[0]) != view.dtype(x):
         return None
-    return x if wide in _EXACT_WIDENING.get(view.dtype(x), ()) else None
+    return x if wide in EXACT_WIDENING.get(view.dtype(x), ()) else None
 
 
 def _commute(m: Match) -> Replacement | None:

@@ -117,15 +117,14 @@ class _Builder:
             emitted.append(new)
             return new.output
         key = (expr.op, ins, expr.attrs)
-        new = self.built.get(key)
-        if new is None:
+        shared = self.built.get(key)
+        if shared is None:
             name = self.editor.fresh(expr.op)
-            shape, dtype = _infer(self.view, Expr(expr.op, ins, expr.attrs))
-            self.editor.add_value(name, shape, dtype)
-            new = self.built[key] = _Built(name, expr.op, ins, name, dict(expr.attrs))
-            emitted.append(new)
-        new.origin.extend(o for o in origin if o not in new.origin)
-        return new.output
+            self.editor.add_value(name, *_infer(self.view, expr))
+            shared = self.built[key] = _Built(name, expr.op, ins, name, dict(expr.attrs))
+            emitted.append(shared)
+        shared.origin.extend(o for o in origin if o not in shared.origin)
+        return shared.output
 
     def nodes(self, graph: Graph, removed: set[str]) -> list[Node]:
         """The graph's nodes in order, each replaced node swapped for its new nodes."""
