@@ -33,7 +33,7 @@ log = logging.getLogger("fusiontune.passes")
 
 CANONICALIZE = "canonicalize"
 MAX_CANONICALIZE_ROUNDS = 16
-"""Rounds of the canonicalize stage before it counts as not terminating (real graphs need 2-4)."""
+"""Rounds of the canonicalize stage after which its rules count as not terminating."""
 
 
 @dataclass(frozen=True)
