@@ -126,6 +126,68 @@ SCALAR_RULES: dict[str, ScalarRule] = {
     "Expand": lambda a, at, lit, dt: a[0],
 }
 
+
+# ---- the logic, comparison and elementwise ops of real exports (ir/_ops_logic.py) ----------------
+def _truth(x: str) -> str:
+    """``x`` as a bool: a number is true when nonzero (NaN too), as numpy's logical ops say."""
+    return f"({x} != 0)"
+
+
+def _sign(a: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str) -> str:
+    # Selects, not np.sign: numba's sign keeps -0.0 where numpy gives +0.0; NaN stays NaN.
+    x = a[0]
+    zero = f"({lit(0.0)} if {x} == {x} else {x})"
+    return f"({lit(1.0)} if {x} > {lit(0.0)} else ({lit(-1.0)} if {x} < {lit(0.0)} else {zero}))"
+
+
+def _mod(a: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str) -> str:
+    x, y = a
+    if not int(attrs.get("fmod", 0)):
+        return f"({x} % {y})"  # numba's % is Python's floor remainder: np.mod, signed zeros too
+    if dtype.startswith("float"):
+        return f"np.fmod({x}, {y})"
+    # numba's np.fmod of integers takes the divisor's sign; C's remainder has the dividend's.
+    r = f"(abs({x}) % abs({y}))"
+    return f"({r} if {x} >= 0 else -{r})"
+
+
+def _is_inf(a: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str) -> str:
+    pos, neg = int(attrs.get("detect_positive", 1)), int(attrs.get("detect_negative", 1))
+    if pos and neg:
+        return f"np.isinf({a[0]})"
+    if pos or neg:
+        return f"({a[0]} == {lit(np.inf if pos else -np.inf)})"
+    return "False"
+
+
+SCALAR_RULES.update({
+    "And": lambda a, at, lit, dt: f"({_truth(a[0])} & {_truth(a[1])})",
+    "Or": lambda a, at, lit, dt: f"({_truth(a[0])} | {_truth(a[1])})",
+    "Xor": lambda a, at, lit, dt: f"({_truth(a[0])} != {_truth(a[1])})",
+    "Not": lambda a, at, lit, dt: f"({a[0]} == 0)",
+    "GreaterOrEqual": lambda a, at, lit, dt: f"({a[0]} >= {a[1]})",
+    "LessOrEqual": lambda a, at, lit, dt: f"({a[0]} <= {a[1]})",
+    "IsNaN": lambda a, at, lit, dt: f"np.isnan({a[0]})",
+    "IsInf": _is_inf,
+    "Abs": lambda a, at, lit, dt: f"np.abs({a[0]})",
+    "Sign": _sign,
+    "Cos": lambda a, at, lit, dt: f"np.cos({a[0]})",
+    "Sin": lambda a, at, lit, dt: f"np.sin({a[0]})",
+    "Mod": _mod,
+    # log(1 + e^x) = max(x, 0) + log1p(e^-|x|): no overflow for large x (np.logaddexp(0, x)).
+    "Softplus": lambda a, at, lit, dt: (
+        f"(np.maximum({a[0]}, {lit(0.0)}) + np.log1p(np.exp(-np.abs({a[0]}))))"
+    ),
+    "Elu": lambda a, at, lit, dt: (
+        f"({a[0]} if {a[0]} >= {lit(0.0)} else {lit(at.get('alpha', 1.0))} * np.expm1({a[0]}))"
+    ),
+    "Selu": lambda a, at, lit, dt: (
+        f"({lit(at['gamma'])} * {a[0]} if {a[0]} > {lit(0.0)}"
+        f" else {lit(at['gamma'] * at['alpha'])} * np.expm1({a[0]}))"
+    ),
+    "PRelu": lambda a, at, lit, dt: f"({a[0]} * {a[1]} if {a[0]} < {lit(0.0)} else {a[0]})",
+})
+
 # math="approx": the ops whose libm calls become calls of codegen/numerics.py. Each keeps the
 # structure of its libm rule (Silu stays x / (1 + exp(-x)), whose limits are right at +-inf).
 APPROX_RULES: dict[str, ScalarRule] = {

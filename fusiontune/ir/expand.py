@@ -1,9 +1,9 @@
 """Expanders: the fused normalization ops written as primitive nodes.
 
-Codegen lowers a fused op (Softmax, LayerNorm, RMSNorm, AddLayerNorm, AddRmsNorm) through its
-expansion, the way MindSpore's graph-kernel expanders do, and NormSplitFusionPass uses the same
-expansions to cut an op between its statistics and its elementwise part. Each expansion equals the
-op's numpy reference up to rounding; tests check that.
+Codegen lowers a fused op (Softmax, LogSoftmax, LayerNorm, RMSNorm, AddLayerNorm, AddRmsNorm)
+through its expansion, the way MindSpore's graph-kernel expanders do, and NormSplitFusionPass uses
+the same expansions to cut an op between its statistics and its elementwise part. Each expansion
+equals the op's numpy reference up to rounding; tests check that.
 
 A LayerNorm or AddLayerNorm with ``variance="one_pass"`` takes its variance as
 ``max(E[x^2] - E[x]^2, 0)`` (both means in one sweep over x) instead of ``E[(x - E[x])^2]``.
@@ -24,7 +24,7 @@ import numpy as np
 from fusiontune.ir.graph import Node, Value
 from fusiontune.ir.ops import infer_node, normalize_axis
 
-EXPANDABLE = ("Softmax", "LayerNorm", "RMSNorm", "AddLayerNorm", "AddRmsNorm")
+EXPANDABLE = ("Softmax", "LogSoftmax", "LayerNorm", "RMSNorm", "AddLayerNorm", "AddRmsNorm")
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,15 @@ def expand(node: Node, values: Mapping[str, Value]) -> Expansion:
         r = w.op("Reciprocal", s)
         cut = w.mark()
         w.op("Mul", w.op("Exp", w.op("Sub", ins[0], m)), r, out=outs[0])
+    elif node.op == "LogSoftmax":
+        # x - max - log(sum(exp(x - max))): the shift keeps exp from overflowing, and the result
+        # is a difference, never the log of an underflowed softmax.
+        axis = normalize_axis(node.attr("axis", -1), len(values[ins[0]].shape))
+        m = w.op("ReduceMax", ins[0], axes=(axis,), keepdims=True)
+        s = w.op("ReduceSum", w.op("Exp", w.op("Sub", ins[0], m)), axes=(axis,), keepdims=True)
+        lse = w.op("Log", s)
+        cut = w.mark()
+        w.op("Sub", w.op("Sub", ins[0], m), lse, out=outs[0])
     elif node.op in ("LayerNorm", "AddLayerNorm"):
         x = ins[0] if node.op == "LayerNorm" else w.op("Add", ins[0], ins[1], out=outs[1])
         gamma, beta = ins[-2], ins[-1]

@@ -53,9 +53,10 @@ def run_graph(
 
 def _run_node(node: Node, env: dict[str, np.ndarray], dtype: str | None) -> None:
     # In the float64 reference a cast between float types is the identity: the reference is the
-    # ideal math of the graph, and rounding to a narrower float is exactly what it measures.
+    # ideal math of the graph, and rounding to a narrower float is exactly what it measures. A
+    # cast of a bool or integer tensor to a float converts it (to the float64 of the reference).
     if dtype is not None and node.op == "Cast" and np.issubdtype(np.dtype(node.attr("to", "float32")), np.floating):
-        outs: tuple[np.ndarray, ...] = (_promote(env[node.inputs[0]], dtype),)
+        outs: tuple[np.ndarray, ...] = (env[node.inputs[0]].astype(dtype, copy=False),)
     else:
         outs = run_reference(node, [env[i] for i in node.inputs])
     for name, arr in zip(node.outputs, outs, strict=True):

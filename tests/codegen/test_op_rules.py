@@ -617,6 +617,266 @@ CASES: tuple[OpCase, ...] = (
         lambda g: g.op("RotaryPositionEmbedding", g.input("x", (4, 8, 64, 64)), _c(g, (1, 1, 64, 64), 14), _c(g, (1, 1, 64, 64), 15)),
     ),
     # ---- logic, comparison and elementwise ops of real exports (ir/_ops_logic.py) ----------------
+    OpCase(
+        "And",
+        "And-bool_row",
+        lambda g: g.op("And", g.input("a", (4, 5), "bool"), g.input("b", (5,), "bool")),
+    ),
+    OpCase(
+        "Or",
+        "Or-bool_outer",
+        lambda g: g.op("Or", g.input("a", (4, 1), "bool"), g.input("b", (1, 5), "bool")),
+    ),
+    OpCase(
+        "Xor",
+        "Xor-bool_const",
+        lambda g: g.op(
+            "Xor", g.input("a", (2, 3, 5), "bool"), g.const(np.array([[True], [False], [True]]))
+        ),
+    ),
+    OpCase("Not", "Not-bool", lambda g: g.op("Not", g.input("a", (4, 7), "bool"))),
+    OpCase("Not", "Not-bool_rank0", lambda g: g.op("Not", g.input("a", (), "bool"))),
+    OpCase(
+        "GreaterOrEqual",
+        "GreaterOrEqual-ties_row",
+        lambda g: g.op("GreaterOrEqual", g.input("a", (4, 5)), g.input("b", (5,))),
+        "ints",
+    ),
+    OpCase(
+        "GreaterOrEqual",
+        "GreaterOrEqual-int64_scalar",
+        lambda g: g.op(
+            "GreaterOrEqual", g.input("a", (4, 5), "int64"), g.const(np.array(0), dtype="int64")
+        ),
+        "ints",
+    ),
+    OpCase(
+        "LessOrEqual",
+        "LessOrEqual-ties_col",
+        lambda g: g.op("LessOrEqual", g.input("a", (4, 5)), g.input("b", (4, 1))),
+        "ints",
+    ),
+    OpCase(
+        "LessOrEqual",
+        "LessOrEqual-bool",
+        lambda g: g.op("LessOrEqual", g.input("a", (4, 5), "bool"), g.input("b", (4, 5), "bool")),
+    ),
+    OpCase(
+        "LessOrEqual",
+        "LessOrEqual-float64",
+        lambda g: g.op("LessOrEqual", g.input("a", (4, 5)), g.input("b", (1, 5))),
+        "ints",
+        dtype="float64",
+    ),
+    OpCase(
+        "Greater",
+        "Greater-int64_outer",
+        lambda g: g.greater(g.input("a", (4, 1), "int64"), g.input("b", (1, 5), "int64")),
+        "ints",
+    ),
+    OpCase(
+        "Less",
+        "Less-int32_const",
+        lambda g: g.less(
+            g.input("a", (4, 5), "int32"), g.const(np.array([0, 1, -1, 2, -2]), dtype="int32")
+        ),
+        "ints",
+    ),
+    OpCase(
+        "Equal",
+        "Equal-bool",
+        lambda g: g.equal(g.input("a", (4, 5), "bool"), g.input("b", (4, 1), "bool")),
+    ),
+    OpCase(
+        "Equal",
+        "Equal-int64_row",
+        lambda g: g.equal(g.input("a", (4, 5), "int64"), g.input("b", (5,), "int64")),
+        "ints",
+    ),
+    OpCase("IsNaN", "IsNaN-2d", lambda g: g.op("IsNaN", g.input("x", (4, 7)))),
+    OpCase(
+        "IsInf",
+        "IsInf-3d_float64",
+        lambda g: g.op("IsInf", g.input("x", (2, 3, 5))),
+        dtype="float64",
+    ),
+    OpCase(
+        "IsInf",
+        "IsInf-positive_only",
+        lambda g: g.op("IsInf", g.input("x", (4, 7)), detect_negative=0),
+    ),
+    OpCase(
+        "IsInf",
+        "IsInf-negative_only",
+        lambda g: g.op("IsInf", g.input("x", (4, 7)), detect_positive=0),
+    ),
+    OpCase(
+        "IsInf",
+        "IsInf-neither",
+        lambda g: g.op("IsInf", g.input("x", (4, 7)), detect_positive=0, detect_negative=0),
+    ),
+    OpCase(
+        "Where",
+        "Where-bool_branches",
+        lambda g: g.where(
+            g.input("c", (4, 1), "bool"), g.input("a", (5,), "bool"), g.input("b", (4, 5), "bool")
+        ),
+    ),
+    OpCase(
+        "Where",
+        "Where-int64_three_way_bcast",
+        lambda g: g.where(
+            g.input("c", (2, 1, 5), "bool"),
+            g.input("a", (3, 1), "int64"),
+            g.input("b", (1,), "int64"),
+        ),
+        "ints",
+    ),
+    OpCase(
+        "Where",
+        "Where-float64_scalar_else",
+        lambda g: g.where(g.input("c", (3, 1), "bool"), g.input("a", (1, 4)), g.input("b", ())),
+        dtype="float64",
+    ),
+    OpCase("Cast", "Cast-bool_to_int64", lambda g: g.cast(g.input("c", (4, 5), "bool"), "int64")),
+    OpCase(
+        "Cast",
+        "Cast-int64_to_bool",
+        lambda g: g.cast(g.input("x", (4, 5), "int64"), "bool"),
+        "ints",
+    ),
+    OpCase(
+        "Cast",
+        "Cast-int64_to_float32",
+        lambda g: g.cast(g.input("x", (4, 5), "int64"), "float32"),
+        "ints",
+    ),
+    OpCase(
+        "Cast",
+        "Cast-float64_to_bool",
+        lambda g: g.cast(g.input("x", (4, 5)), "bool"),
+        "ints",
+        dtype="float64",
+    ),
+    OpCase(
+        "Cast",
+        "Cast-bool_to_float64",
+        lambda g: g.cast(g.input("c", (4, 5), "bool"), "float64"),
+        dtype="float64",
+    ),
+    OpCase("Abs", "Abs-2d", lambda g: g.op("Abs", g.input("x", (4, 7)))),
+    OpCase("Abs", "Abs-3d", lambda g: g.op("Abs", g.input("x", (2, 3, 33)))),
+    OpCase("Abs", "Abs-int64", lambda g: g.op("Abs", g.input("x", (4, 5), "int64")), "ints"),
+    OpCase("Sign", "Sign-zeros", lambda g: g.op("Sign", g.input("x", (4, 7))), "ints"),
+    OpCase("Sign", "Sign-int64", lambda g: g.op("Sign", g.input("x", (4, 5), "int64")), "ints"),
+    OpCase("Cos", "Cos-2d", lambda g: g.op("Cos", g.input("x", (4, 7)))),
+    OpCase("Cos", "Cos-3d", lambda g: g.op("Cos", g.input("x", (2, 3, 33)))),
+    OpCase("Sin", "Sin-2d", lambda g: g.op("Sin", g.input("x", (4, 7)))),
+    OpCase("Sin", "Sin-3d", lambda g: g.op("Sin", g.input("x", (2, 3, 33)))),
+    OpCase(
+        "Sin",
+        "Sin-float64",
+        lambda g: g.op("Sin", g.input("x", (4, 7))),
+        dtype="float64",
+        rtol=1e-12,
+        atol=1e-14,
+    ),
+    OpCase(
+        "Mod",
+        "Mod-int64_floor",
+        lambda g: g.op("Mod", g.input("a", (4, 5), "int64"), g.input("b", (5,), "int64")),
+        "ints",
+    ),
+    OpCase(
+        "Mod",
+        "Mod-int64_fmod",
+        lambda g: g.op("Mod", g.input("a", (4, 5), "int64"), g.input("b", (4, 1), "int64"), fmod=1),
+        "ints",
+    ),
+    OpCase(
+        "Mod",
+        "Mod-int32_fmod_const",
+        lambda g: g.op(
+            "Mod", g.input("a", (4, 5), "int32"), g.const(np.array(-3), dtype="int32"), fmod=1
+        ),
+        "ints",
+    ),
+    OpCase(
+        "Mod",
+        "Mod-float_fmod_row",
+        lambda g: g.op("Mod", g.input("a", (4, 5)), g.input("b", (5,)), fmod=1),
+    ),
+    OpCase(
+        "Mod",
+        "Mod-float_floor_outer",
+        lambda g: g.op("Mod", g.input("a", (4, 1)), g.input("b", (1, 5))),
+    ),
+    OpCase(
+        "Mod",
+        "Mod-float64_fmod",
+        lambda g: g.op("Mod", g.input("a", (4, 5)), g.input("b", (4, 5)), fmod=1),
+        dtype="float64",
+        rtol=1e-12,
+        atol=1e-14,
+    ),
+    OpCase("Softplus", "Softplus-2d", lambda g: g.op("Softplus", g.input("x", (4, 7)))),
+    OpCase("Softplus", "Softplus-3d", lambda g: g.op("Softplus", g.input("x", (2, 3, 33)))),
+    OpCase("Elu", "Elu-alpha", lambda g: g.op("Elu", g.input("x", (4, 7)), alpha=0.5)),
+    OpCase("Elu", "Elu-3d_default", lambda g: g.op("Elu", g.input("x", (2, 3, 33)))),
+    OpCase("Selu", "Selu-default", lambda g: g.op("Selu", g.input("x", (4, 7)))),
+    OpCase(
+        "Selu",
+        "Selu-float64_attrs",
+        lambda g: g.op("Selu", g.input("x", (2, 3, 5)), alpha=1.5, gamma=2.0),
+        dtype="float64",
+        rtol=1e-12,
+        atol=1e-14,
+    ),
+    OpCase(
+        "PRelu",
+        "PRelu-nchw_channel_slope",
+        lambda g: g.op("PRelu", g.input("x", (2, 3, 4, 5)), _c(g, (3, 1, 1), 10)),
+    ),
+    OpCase(
+        "PRelu",
+        "PRelu-one_slope",
+        lambda g: g.op("PRelu", g.input("x", (4, 7)), g.const(np.array([0.25]))),
+    ),
+    OpCase(
+        "PRelu",
+        "PRelu-slope_input_row",
+        lambda g: g.op("PRelu", g.input("x", (2, 3, 6)), g.input("s", (6,))),
+    ),
+    OpCase(
+        "PRelu",
+        "PRelu-float64",
+        lambda g: g.op("PRelu", g.input("x", (2, 3, 4)), g.input("s", (3, 1))),
+        dtype="float64",
+        rtol=1e-12,
+        atol=1e-14,
+    ),
+    OpCase("LogSoftmax", "LogSoftmax-last", lambda g: g.op("LogSoftmax", g.input("x", (4, 9)))),
+    OpCase(
+        "LogSoftmax", "LogSoftmax-axis0", lambda g: g.op("LogSoftmax", g.input("x", (4, 9)), axis=0)
+    ),
+    OpCase(
+        "LogSoftmax",
+        "LogSoftmax-axis1_of_3",
+        lambda g: g.op("LogSoftmax", g.input("x", (2, 5, 3)), axis=1),
+    ),
+    OpCase(
+        "LogSoftmax",
+        "LogSoftmax-3d_last",
+        lambda g: g.op("LogSoftmax", g.input("x", (2, 3, 16)), axis=-1),
+    ),
+    OpCase(
+        "LogSoftmax",
+        "LogSoftmax-float64",
+        lambda g: g.op("LogSoftmax", g.input("x", (3, 40))),
+        dtype="float64",
+        rtol=1e-12,
+        atol=1e-13,
+    ),
     # ---- index, layout and window ops of real exports (ir/_ops_index.py) -------------------------
     # Live indices come from "ints" inputs, drawn in [-2, 3): negative ones count from the end.
     OpCase(
