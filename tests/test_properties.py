@@ -74,6 +74,7 @@ FOCUS: dict[str, tuple[str, str | None]] = {
     "TbeConvElemwiseFusionPass": ("conv", "relu"),
     "ConvOutputSplitFusionPass": ("conv", "relu"),
     "FlashAttentionFusionPass": ("attention", "mask"),
+    "RotaryPositionEmbeddingFusionPass": ("pattern", "rotary"),
 }
 
 
@@ -357,6 +358,7 @@ class _Writer:
                 "norm_op",
                 "add_layer_norm_op",
                 "add_rms_norm_op",
+                "rotary",
             ],
             kind,
         )
@@ -385,6 +387,14 @@ class _Writer:
             }[which]()
         elif kind == "add_layer_norm_op":
             out = g.layer_norm(g.add(t, self.partner(t)), gamma, beta)
+        elif kind == "rotary":  # x * cos + rotate_half(x) * sin, as transformers writes it
+            if n % 2:
+                t = g.concat([t, g.tanh(t)], axis=-1)
+                n *= 2
+            h = n // 2
+            rot = g.concat([g.neg(g.slice(t, (h,), (n,), (-1,))), g.slice(t, (0,), (h,), (-1,))], axis=-1)
+            cos, sin = self.const(t.shape[-2:]), self.const(t.shape[-2:])
+            out = g.add(g.mul(t, cos), g.mul(rot, sin))
         else:
             out = g.rms_norm(g.add(t, self.partner(t)), gamma)
         self.set(out)
