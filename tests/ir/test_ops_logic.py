@@ -627,3 +627,18 @@ def test_torch_export_of_logic_ops_matches_onnxruntime(dynamo: bool, tmp_path: P
     program = build_program(run_pipeline(graph, FusionConfig.defaults()).fused)
     got = np.asarray(program.run(feeds)["y"])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="codegen/common.py lower_group keeps scalar constants as Python floats: an int64 "
+    "constant above 2**53 (INT64_MAX) is inlined rounded, and wraps to INT64_MIN",
+)
+def test_int64_scalar_constant_is_inlined_exactly() -> None:
+    g = GraphBuilder("int64_max")
+    c, a = g.input("c", (4,), "bool"), g.input("a", (4,), "int64")
+    g.output(g.where(c, a, g.const(np.array(np.iinfo(np.int64).max), dtype="int64")))
+    graph = g.build()
+    inputs = {"c": np.array([True, False, True, False]), "a": np.arange(4, dtype=np.int64)}
+    want = run_graph(graph, inputs)[graph.outputs[0]]
+    np.testing.assert_array_equal(_kernel(graph, inputs), want)
