@@ -267,6 +267,7 @@ LAYOUT_OPS = ("Reshape", "Transpose", "Concat", "Split", "Slice", "Gather", *IND
 CONTRACTION_OPS = ("MatMul", "Conv", "ConvTranspose")  # ConvTranspose: codegen/conv_transpose.py
 WINDOW_OPS = ("MaxPool", "AveragePool")  # one kernel per node (codegen/pool.py)
 ATTENTION_OPS = ("Attention",)  # one kernel per node (codegen/attention.py)
+OPAQUE_OPS = ("RotaryPositionEmbedding",)  # one kernel per node (codegen/rotary.py)
 
 
 def rule_kind(op: str) -> str | None:
@@ -286,7 +287,6 @@ def rule_kind(op: str) -> str | None:
         return "layout"
     if op in ATTENTION_OPS:
         return "attention"
-    return None
-OPAQUE_OPS = ("RotaryPositionEmbedding",)  # one kernel per node (codegen/rotary.py)
     if op in OPAQUE_OPS:
         return "opaque"
+    return None
