@@ -604,4 +604,4 @@ def _dropout(imp: Importer, node: Any, ins: list[Any], attrs: dict[str, Any]) ->
 
 
 # Converters of the ops real exporters emit, in modules of their own (they import this one).
-from fusiontune.ir import _onnx_ops_index, _onnx_ops_logic  # noqa: E402, F401
+from fusiontune.ir import _onnx_ops_index, _onnx_ops_logic, _onnx_ops_sequence  # noqa: E402, F401
