@@ -17,9 +17,9 @@ Every op has exactly one rule, found by :func:`rule_kind`:
 ``tests/codegen/test_op_rules.py`` walks the catalogue and fails when an op has no rule.
 
 Two schedule keys change what the scalar rules write (:func:`scalar_expr`, :func:`round_expr`):
-``math="approx"`` swaps the libm calls of Exp, Tanh, Erf, Sigmoid, Silu, SwiGlu and Gelu for the
-vectorizable approximations of codegen/numerics.py (``APPROX_RULES``): a libm call keeps the loop
-around it scalar, an inlined polynomial does not. ``precision="float16"|"bfloat16"`` has the
+``math="approx"`` swaps the libm calls of Exp, Tanh, Erf, Sigmoid, Silu, SwiGlu, Gelu and GeGlu for
+the vectorizable approximations of codegen/numerics.py (``APPROX_RULES``): a libm call keeps the
+loop around it scalar, an inlined polynomial does not. ``precision="float16"|"bfloat16"`` has the
 loop-nest generator wrap values in the rounding functions of the same module.
 """
 
@@ -107,6 +107,7 @@ SCALAR_RULES: dict[str, ScalarRule] = {
     "Silu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + np.exp(-{a[0]})))",
     "SwiGlu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + np.exp(-{a[0]})) * {a[1]})",
     "Gelu": _gelu,
+    "GeGlu": lambda a, at, lit, dt: f"({_gelu(a, at, lit, dt)} * {a[1]})",
     "Clip": lambda a, at, lit, dt: f"np.minimum(np.maximum({a[0]}, {lit(at.get('min', -np.inf))}), {lit(at.get('max', np.inf))})",
     "LeakyRelu": lambda a, at, lit, dt: f"({a[0]} if {a[0]} >= {lit(0.0)} else {a[0]} * {lit(at.get('alpha', 0.01))})",
     "HardSigmoid": lambda a, at, lit, dt: (
@@ -198,6 +199,7 @@ APPROX_RULES: dict[str, ScalarRule] = {
     "Silu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + {_f32_call('exp_approx', f'-{a[0]}', dt)}))",
     "SwiGlu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + {_f32_call('exp_approx', f'-{a[0]}', dt)}) * {a[1]})",
     "Gelu": lambda a, at, lit, dt: _gelu(a, at, lit, dt, approx=True),
+    "GeGlu": lambda a, at, lit, dt: f"({_gelu(a, at, lit, dt, approx=True)} * {a[1]})",
 }
 
 # The functions of codegen/numerics.py that generated code may call; a kernel that calls any of

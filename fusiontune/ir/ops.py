@@ -645,6 +645,19 @@ _register(
         doc="silu(gate) * up",
     )
 )
+_register(
+    OpDef(
+        "GeGlu",
+        "elementwise",
+        _broadcast,
+        lambda attrs, g, u: _ew(lambda a, b: _gelu(a, attrs.get("approximate", "none")) * b)(
+            attrs, g, u
+        ),
+        2,
+        attrs={"approximate": "none"},
+        doc="gelu(gate) * up; approximate='tanh' gates with the tanh GELU",
+    )
+)
 for _name, _fn, _doc in (
     ("ReduceSum", np.sum, "sum over axes"),
     ("ReduceMean", np.mean, "mean over axes"),

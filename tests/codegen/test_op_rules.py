@@ -269,6 +269,14 @@ CASES: tuple[OpCase, ...] = (
         "SwiGlu", "SwiGlu-bcast", lambda g: g.swiglu(g.input("gate", (4, 6)), g.input("up", (1, 6)))
     ),
     OpCase(
+        "GeGlu", "GeGlu-erf", lambda g: g.op("GeGlu", g.input("gate", (4, 6)), g.input("up", (4, 6)))
+    ),
+    OpCase(
+        "GeGlu",
+        "GeGlu-tanh_bcast",
+        lambda g: g.op("GeGlu", g.input("gate", (4, 6)), g.input("up", (1, 6)), approximate="tanh"),
+    ),
+    OpCase(
         "Add",
         "Add-float64",
         lambda g: g.add(g.input("a", (4, 5)), g.input("b", (5,))),
