@@ -151,7 +151,8 @@ def lower_group(graph: Graph, node_names: Sequence[str], keep: Sequence[str] = (
         if arr is None:
             continue
         if arr.size == 1 and arr.dtype.kind in "fib":
-            scalars[name] = float(arr.reshape(()))
+            # An integer stays a Python int: a float would round INT64_MAX (a mask fill) to 2**63.
+            scalars[name] = arr.reshape(()).item() if arr.dtype.kind in "iu" else float(arr.reshape(()))
         else:
             arrays[name] = arr
     return Lowered(nodes, values, scalars, arrays)

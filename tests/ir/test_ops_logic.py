@@ -629,11 +629,6 @@ def test_torch_export_of_logic_ops_matches_onnxruntime(dynamo: bool, tmp_path: P
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="codegen/common.py lower_group keeps scalar constants as Python floats: an int64 "
-    "constant above 2**53 (INT64_MAX) is inlined rounded, and wraps to INT64_MIN",
-)
 def test_int64_scalar_constant_is_inlined_exactly() -> None:
     g = GraphBuilder("int64_max")
     c, a = g.input("c", (4,), "bool"), g.input("a", (4,), "int64")
