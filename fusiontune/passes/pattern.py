@@ -124,6 +124,38 @@ def maybe(op: str | Sequence[str], inner: Pattern, **kwargs: AnyType) -> Any:
     return Any(P(op, inner, **kwargs), inner)
 
 
+def products(*factors: Pattern) -> tuple[P, ...]:
+    """Every way to write the product of ``factors`` as a tree of binary ``Mul`` nodes.
+
+    Operand order is left to the matcher (Mul is commutative), so ``products(a, b, c)`` is the
+    three groupings ``a * (b * c)``, ``(a * b) * c`` and ``(a * c) * b``; four factors give 15.
+    A factor passed twice (the same pattern object) yields each distinct tree once:
+    ``products(x, x, x)`` is the one tree ``x * (x * x)``.
+    """
+    if len(factors) < 2:
+        raise ValueError("a product needs two factors or more")
+    trees: dict[object, P] = {}
+    for tree, key in _mul_trees(factors):
+        assert isinstance(tree, P)
+        trees.setdefault(key, tree)
+    return tuple(trees.values())
+
+
+def _mul_trees(factors: tuple[Pattern, ...]) -> Iterator[tuple[Pattern, object]]:
+    """(tree, key) for every Mul tree over ``factors``; equal keys: equal trees up to operand order."""
+    if len(factors) == 1:
+        yield factors[0], id(factors[0])
+        return
+    first, rest = factors[0], factors[1:]
+    # The part holding the first factor, and the others (never empty): each split once.
+    for mask in range(2 ** len(rest) - 1):
+        left = (first, *(f for i, f in enumerate(rest) if mask >> i & 1))
+        right = tuple(f for i, f in enumerate(rest) if not mask >> i & 1)
+        for a, ka in _mul_trees(left):
+            for b, kb in _mul_trees(right):
+                yield P("Mul", a, b), ("Mul", *sorted((ka, kb), key=repr))
+
+
 @dataclass(frozen=True)
 class Match:
     """One way a pattern matched: bound values and nodes, and every node it covered."""

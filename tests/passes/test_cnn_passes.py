@@ -111,6 +111,19 @@ def test_conv_bn_fold_denied_through_the_context() -> None:
     assert result.fused.graph.structural_hash() == graph.structural_hash()
 
 
+def test_conv_bn_passes_leave_an_already_folded_conv_alone() -> None:
+    """Exporters fold BatchNorm into the conv in eval mode: a Conv with its bias, then Relu."""
+    g = GraphBuilder("folded")
+    g.output(g.relu(_conv(g, g.input("x", (2, 4, 6, 6)), 4, 6, 1, bias=True)))
+    graph = g.build()
+    result = _run(graph, ("ConvBatchnormFusionPass", "ConvBiasAddFusionPass"))
+    assert result.report.matched("ConvBatchnormFusionPass") == 0
+    assert result.report.matched("ConvBiasAddFusionPass") == 0
+    assert result.fused.graph.structural_hash() == graph.structural_hash()
+    inputs, (out,) = _inputs(graph), graph.outputs
+    np.testing.assert_array_equal(run_graph(result.fused.graph, inputs)[out], run_graph(graph, inputs)[out])
+
+
 # ---- ConvBiasAddFusionPass ------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(6, 1, 1), (1, 6, 1, 1)])
 @pytest.mark.parametrize("bias", [True, False])

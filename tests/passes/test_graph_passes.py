@@ -15,7 +15,7 @@ from fusiontune.ir.graph import Graph
 from fusiontune.ir.interpreter import random_inputs, run_graph
 from fusiontune.passes.base import GRAPH_FUSION, PassContext, PassInfo
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
-from fusiontune.passes.registry import BY_NAME, passes_of_kind
+from fusiontune.passes.registry import BY_NAME, lookup, passes_of_kind
 
 F64 = "float64"
 
@@ -295,6 +295,81 @@ def test_gelu_deny_keeps_the_graph() -> None:
     check_denied(build(lambda g: g.gelu_decomposed(g.input("x", (3, 7)))), "GeluFusionPass")
 
 
+SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
+KAPPA = 0.044715
+
+
+def _tanh_gelu(
+    inner: Callable[[GraphBuilder, Tensor], Tensor], outer: str
+) -> Callable[[GraphBuilder, Tensor], Tensor]:
+    """0.5 * x * (1 + tanh(inner(x))) with the three factors grouped as ``outer`` says."""
+
+    def write(g: GraphBuilder, x: Tensor) -> Tensor:
+        if outer == "half_last":  # TorchScript, F.gelu(approximate="tanh"): 0.5 * (x * (1 + t))
+            return g.mul(0.5, g.mul(x, g.add(1.0, g.tanh(inner(g, x)))))
+        t = g.add(g.tanh(inner(g, x)), 1.0)
+        if outer == "half_x_first":  # GPT-2 gelu_new / T5: (0.5 * x) * (t + 1)
+            return g.mul(g.mul(x, 0.5), t)
+        return g.mul(x, g.mul(t, 0.5))  # torch.onnx dynamo at opset 18: x * ((t + 1) * 0.5)
+
+    return write
+
+
+def _pow_cube(g: GraphBuilder, x: Tensor) -> Tensor:
+    return g.mul(g.add(x, g.mul(g.pow(x, 3.0), KAPPA)), SQRT_2_OVER_PI)
+
+
+def _mul_cube(g: GraphBuilder, x: Tensor) -> Tensor:
+    return g.mul(SQRT_2_OVER_PI, g.add(x, g.mul(KAPPA, g.mul(x, g.mul(x, x)))))
+
+
+def _kappa_first_cube(g: GraphBuilder, x: Tensor) -> Tensor:
+    return g.mul(g.add(g.mul(g.mul(g.mul(KAPPA, x), x), x), x), SQRT_2_OVER_PI)
+
+
+def _megatron(g: GraphBuilder, x: Tensor) -> Tensor:
+    return g.mul(g.mul(SQRT_2_OVER_PI, x), g.add(1.0, g.mul(g.mul(KAPPA, x), x)))
+
+
+GELU_TANH_FORMS: dict[str, Callable[[GraphBuilder, Tensor], Tensor]] = {
+    "gelu_new": _tanh_gelu(_pow_cube, "half_x_first"),
+    "torchscript_tanh": _tanh_gelu(_mul_cube, "half_last"),
+    "dynamo_opset18": _tanh_gelu(_pow_cube, "x_first"),
+    "kappa_first_cube": _tanh_gelu(_kappa_first_cube, "half_x_first"),
+    "megatron": _tanh_gelu(_megatron, "x_first"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(GELU_TANH_FORMS))
+def test_gelu_fuses_every_tanh_form(form: str) -> None:
+    graph = build(lambda g: GELU_TANH_FORMS[form](g, g.relu(g.input("x", (3, 7)))))
+    counts = {"Gelu": 1, "Relu": 1, "Tanh": 0, "Pow": 0, "Mul": 0, "Add": 0}
+    after = check_fused(graph, "GeluFusionPass", "GeluTanh", counts)
+    gelu = next(n for n in after.nodes if n.op == "Gelu")
+    assert dict(gelu.attrs) == {"approximate": "tanh"}
+
+
+def test_gelu_tanh_with_float32_constants_of_an_export() -> None:
+    """gpt2.dynamo.onnx's constants: 0.044714998453855515, 0.7978845834732056 (float32)."""
+    g = GraphBuilder("f32")
+    g.output(GELU_TANH_FORMS["gelu_new"](g, g.input("x", (4, 8))))
+    graph = g.build()
+    after = fuse(graph, "GeluFusionPass").fused.graph
+    assert after.op_counts() == {"Gelu": 1}
+    inputs = random_inputs(graph, seed=0)
+    got, want = run_graph(after, inputs, dtype=None), run_graph(graph, inputs, dtype=None)
+    np.testing.assert_allclose(got[graph.outputs[0]], want[graph.outputs[0]], rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_tanh_needs_its_constants() -> None:
+    def wrong_kappa(g: GraphBuilder) -> Tensor:
+        x = g.input("x", (3, 7))
+        inner = g.mul(g.add(x, g.mul(g.pow(x, 3.0), 0.05)), SQRT_2_OVER_PI)
+        return g.mul(g.mul(x, 0.5), g.add(g.tanh(inner), 1.0))
+
+    check_unchanged(build(wrong_kappa), "GeluFusionPass")
+
+
 # ---- SoftmaxFusionPass --------------------------------------------------------------------------
 def _softmax(g: GraphBuilder, x: Tensor, axis: int) -> Tensor:
     e = g.exp(g.sub(x, g.reduce_max(x, axis)))
@@ -386,7 +461,7 @@ def test_layer_norm_fuses_every_variant(square: str, root: str, params: str) -> 
     after = check_fused(
         graph,
         "LayerNormFusionPass",
-        f"LayerNorm{square}{root}",
+        "LayerNormMulSqrt",  # every spelling, in canonical form
         {"LayerNorm": 1, "ReduceMean": 0, "Add": 0, "Mul": 0},
     )
     (ln,) = after.nodes
@@ -400,7 +475,7 @@ def test_layer_norm_fuses_the_builder_form_with_its_eps() -> None:
         )
 
     after = check_fused(
-        build(net), "LayerNormFusionPass", "LayerNormPowSqrt", {"LayerNorm": 1, "Sub": 0, "Sqrt": 0}
+        build(net), "LayerNormFusionPass", "LayerNormMulSqrt", {"LayerNorm": 1, "Sub": 0, "Sqrt": 0}
     )
     (ln,) = after.nodes
     assert ln.attr("eps") == 1e-3
@@ -443,9 +518,25 @@ def test_layer_norm_leaves_a_full_shape_scale_outside() -> None:
         )
 
     after = check_fused(
-        build(net), "LayerNormFusionPass", "LayerNormPowSqrt", {"LayerNorm": 1, "Mul": 1}
+        build(net), "LayerNormFusionPass", "LayerNormMulSqrt", {"LayerNorm": 1, "Mul": 1}
     )
     assert after.nodes[-1].op == "Mul"
+
+
+def test_layer_norm_fuses_a_centre_written_twice() -> None:
+    """``(x - u) / sqrt(((x - u) * (x - u)).mean() + eps)``: torch code that repeats ``x - u``."""
+
+    def net(g: GraphBuilder) -> Tensor:
+        x = g.input("x", (3, N))
+        u = g.reduce_mean(x)
+        var = g.reduce_mean(g.mul(g.sub(x, u), g.sub(x, u)))
+        return g.add(g.mul(g.div(g.sub(x, u), g.sqrt(g.add(var, 1e-6))), g.input("w", (N,))), 0.5)
+
+    after = check_fused(
+        build(net), "LayerNormFusionPass", "LayerNormMulSqrt", {"LayerNorm": 1, "Sub": 0, "Add": 1}
+    )
+    (ln, _) = after.nodes
+    assert ln.op == "LayerNorm" and ln.inputs[:2] == ("x", "w") and ln.attr("eps") == 1e-6
 
 
 def test_layer_norm_deny_keeps_the_graph() -> None:
@@ -479,7 +570,7 @@ def test_rms_norm_fuses_every_variant(square: str, root: str, gamma: bool) -> No
     after = check_fused(
         graph,
         "RmsNormFusionPass",
-        f"RmsNorm{square}{root}",
+        "RmsNormMulSqrt",  # every spelling, in canonical form
         {"RMSNorm": 1, "ReduceMean": 0, "Mul": 0},
     )
     rms = after.nodes[-1]
@@ -579,6 +670,30 @@ def test_add_norm_refuses_the_second_of_two_fusions_that_close_a_cycle() -> None
         return y1, y2
 
     check_fused(build(crossed), "AddLayerNormFusionPass", "AddLayerNorm", {"AddLayerNorm": 1})
+
+
+def test_add_layer_norm_fuses_the_embedding_sum() -> None:
+    """BERT: word + token type (constants after import folding, (B, S, N)) + position (1, S, N)."""
+    rng = np.random.default_rng(8)
+
+    def net(g: GraphBuilder) -> Tensor:
+        words = g.reshape(g.input("words", (2 * 5, N)), (2, 5, N))
+        s = g.add(
+            g.add(words, g.const(rng.standard_normal((2, 5, N)))),
+            g.const(rng.standard_normal((1, 5, N))),
+        )
+        return g.layer_norm(s, g.const(np.ones(N)), g.const(np.zeros(N)), eps=1e-12)
+
+    graph = build(net)
+    after = check_fused(
+        graph, "AddLayerNormFusionPass", "AddLayerNorm", {"AddLayerNorm": 1, "Add": 1}
+    )
+    fused = next(n for n in after.nodes if n.op == "AddLayerNorm")
+    assert after.values[fused.inputs[1]].shape == (1, 5, N)
+
+
+def test_add_rms_norm_answers_to_its_mindspore_cast_alias() -> None:
+    assert lookup("add_cast_rms_norm_cast_fusion") is BY_NAME["AddRmsNormFusionPass"]
 
 
 def test_add_norm_deny_keeps_the_graph() -> None:
@@ -733,7 +848,7 @@ def test_all_graph_passes_fuse_a_transformer_block() -> None:
     assert_same_outputs(graph, after)
     report = result.report
     assert report.effected("MatMulBiasAddFusionPass") == 2
-    assert line("LayerNormFusionPass", "LayerNormPowSqrt", 2, 2) in report.log_lines()
+    assert line("LayerNormFusionPass", "LayerNormMulSqrt", 2, 2) in report.log_lines()
     assert line("AddLayerNormFusionPass", "AddLayerNorm", 2, 2) in report.log_lines()
     assert [s.pass_name for s in report.stats][:2] == [
         "ConstantFoldingPass",
@@ -776,6 +891,10 @@ def _block(g: GraphBuilder, h: Tensor, kind: str, v: int) -> Tensor:
         return _rms_variant(g, x, ("Pow", "Mul")[v % 2], ("Sqrt", "Rsqrt")[v // 2 % 2], gamma)
     if kind == "gelu":
         return GELU_FORMS[sorted(GELU_FORMS)[v % len(GELU_FORMS)]][1](g, h)
+    if kind == "gelu_tanh":
+        return GELU_TANH_FORMS[sorted(GELU_TANH_FORMS)[v % len(GELU_TANH_FORMS)]](g, h)
+    if kind == "geglu":
+        return g.mul(g.input(f"up{len(g.inputs)}", (R, C)), g.gelu(h, ("none", "tanh")[v % 2]))
     if kind == "swiglu":
         up = g.input(f"up{len(g.inputs)}", (R, C))
         return SWIGLU_FORMS[sorted(SWIGLU_FORMS)[v % len(SWIGLU_FORMS)]][1](g, h, up)
@@ -805,6 +924,8 @@ BLOCKS = (
     "layer_norm",
     "rms_norm",
     "gelu",
+    "gelu_tanh",
+    "geglu",
     "swiglu",
     "residual_norm",
     "linear",

@@ -1,7 +1,8 @@
 """Shared matching helpers for the GraphFusion passes.
 
-A pass describes each match as a :class:`Fusion` (the nodes it replaces and the one node that
-replaces them) and hands a generator of candidates to :func:`rewrite`, which checks the
+A pass describes each match as a :class:`Fusion` (the nodes it replaces and the node that
+replaces them, with, when it needs them, a few new nodes around it: :class:`Step`) and hands the
+candidates to :func:`fusiontune.passes.pattern.apply_rules` (or :func:`rewrite`), which checks the
 preconditions every fusion shares, asks ``ctx.allow`` and applies the allowed ones.
 
 Matches are found on one snapshot of the graph and applied to one editor. That is sound because a
@@ -13,7 +14,7 @@ application indices follow node order, stable for a given graph and config.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,6 @@ import numpy as np
 
 from fusiontune.ir.graph import Graph, GraphEditor, Node, Shape, Value
 from fusiontune.ir.ops import get_op, infer_node, normalize_axes
-from fusiontune.passes.base import PassContext
 
 SCALAR_TOL = 1e-6
 
@@ -39,39 +39,100 @@ def effective_attrs(node: Node) -> dict[str, Any]:
     return {**get_op(node.op).attrs, **node.attrs}
 
 
+@dataclass(frozen=True)
+class Ref:
+    """The output of an earlier :class:`Step` of the same fusion (its index in ``steps``)."""
+
+    step: int
+
+
+StepInput = str | np.ndarray | Ref
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One new node of a fusion: ``op`` over inputs that are value names, arrays (new constants)
+    or :class:`Ref` to an earlier step's output.
+
+    Attributes:
+        op: the op.
+        inputs: its inputs.
+        attrs: its attributes (defaults left out).
+        origin: the original node names it stands for; None: the fusion's.
+    """
+
+    op: str
+    inputs: tuple[StepInput, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    origin: tuple[str, ...] | None = None
+
+
 @dataclass(frozen=True, eq=False)
 class Fusion:
     """A candidate rewrite: ``nodes`` become one ``op`` node that writes ``outputs``.
+
+    Most fusions are that one node. One that needs a few more (a Transpose of an operand, a
+    Reshape of the result) lists them in ``before`` and ``after``: the steps run in the order
+    ``(*before, the op node, *after)``, a :class:`Ref` names a step by its index in that order,
+    every step but the last writes one new value, and the last writes ``outputs``.
 
     Attributes:
         pattern: the pattern name for the fusion log.
         nodes: the matched nodes.
         op: the replacing op.
-        inputs: its inputs: value names, or arrays that become new constants.
-        outputs: the value names it writes, each produced by one of ``nodes`` (names are kept so
-            that readers outside the match and graph outputs need no rewiring).
+        inputs: its inputs: value names, arrays that become new constants, or :class:`Ref`.
+        outputs: the value names the last step writes, each produced by one of ``nodes`` (names
+            are kept so that readers outside the match and graph outputs need no rewiring).
         attrs: its attributes (defaults left out).
+        before: new nodes computed before the op node (its operands).
+        after: new nodes computed from the op node's output (the last of them writes ``outputs``).
     """
 
     pattern: str
     nodes: tuple[Node, ...]
     op: str
-    inputs: tuple[Operand, ...]
+    inputs: tuple[StepInput, ...]
     outputs: tuple[str, ...]
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    before: tuple[Step, ...] = ()
+    after: tuple[Step, ...] = ()
 
     @property
     def names(self) -> frozenset[str]:
         return frozenset(n.name for n in self.nodes)
 
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """Every new node, in order: ``before``, the op node, ``after``."""
+        return (*self.before, Step(self.op, self.inputs, self.attrs), *self.after)
+
+    def reads(self) -> set[str]:
+        """The existing values the new nodes read."""
+        return {i for s in self.steps for i in s.inputs if isinstance(i, str)}
+
     def apply(self, editor: GraphEditor, origin: tuple[str, ...]) -> None:
-        name = editor.fresh(self.op)
-        ins = tuple(
-            i if isinstance(i, str) else editor.add_constant(i, f"{self.op}_param")
-            for i in self.inputs
-        )
+        steps = self.steps
+        names = [editor.fresh(s.op) for s in steps]
+        written: list[str] = []
         editor.remove_nodes(self.names)
-        editor.add_node(Node(name, self.op, ins, self.outputs, dict(self.attrs), origin))
+        for k, (step, name) in enumerate(zip(steps, names, strict=True)):
+            ins = tuple(
+                i
+                if isinstance(i, str)
+                else written[i.step]
+                if isinstance(i, Ref)
+                else editor.add_constant(i, f"{step.op}_param")
+                for i in step.inputs
+            )
+            if k == len(steps) - 1:
+                outs = self.outputs
+            else:
+                probe = Node(name, step.op, ins, (name,), dict(step.attrs))
+                ((shape, dtype),) = infer_node(probe, [editor.values[i] for i in ins])
+                outs = (editor.add_value(name, shape, dtype),)
+                written.append(name)
+            node_origin = origin if step.origin is None else step.origin
+            editor.add_node(Node(name, step.op, ins, outs, dict(step.attrs), node_origin))
 
 
 class View:
@@ -170,63 +231,38 @@ class View:
         for v in produced - set(f.outputs):
             if v in self._outputs or any(r.name not in names for r in self.readers(v)):
                 return False
-        if any(isinstance(i, str) and i in produced for i in f.inputs):
+        if f.reads() & produced:
             return False
-        probe_ins = [
-            self.graph.values[i]
-            if isinstance(i, str)
-            else Value(f"p{k}", tuple(i.shape), str(i.dtype))
-            for k, i in enumerate(f.inputs)
-        ]
-        probe = Node("probe", f.op, tuple(v.name for v in probe_ins), f.outputs, dict(f.attrs))
-        try:
-            inferred = infer_node(probe, probe_ins)
-        except ValueError:
-            return False
-        return all(
-            (self.shape(o), self.dtype(o)) == (shape, dtype)
-            for o, (shape, dtype) in zip(f.outputs, inferred, strict=True)
-        )
-
-
-Finder = Callable[[View, Node], Iterable[Fusion]]
-
-
-def rewrite(graph: Graph, ctx: PassContext, find: Finder) -> Graph:
-    """Apply every valid, non-overlapping fusion ``find`` proposes that ``ctx`` allows.
-
-    Args:
-        graph: the graph to rewrite.
-        ctx: the pass context (counts matches, may deny applications).
-        find: ``(view, anchor node) -> candidate fusions``, tried in order; the first valid
-            candidate that shares no node with an earlier match is the anchor's match.
-
-    Returns:
-        The rewritten graph, or ``graph`` itself when nothing was applied.
-    """
-    view = View(graph)
-    editor = GraphEditor(graph)
-    claimed: set[str] = set()
-    changed = False
-    for node in graph.nodes:
-        if node.name in claimed:
-            continue
-        fusion = next(
-            (
-                f
-                for f in find(view, node)
-                if not (f.names & claimed) and view.valid(f) and not closes_cycle(editor, f)
-            ),
-            None,
-        )
-        if fusion is None:
-            continue
-        claimed |= fusion.names
-        origin = view.origin(fusion.nodes)
-        if ctx.allow(fusion.pattern, origin):
-            fusion.apply(editor, origin)
-            changed = True
-    return editor.finish() if changed else graph
+        steps = f.steps
+        written: list[Value] = []
+        for k, step in enumerate(steps):
+            ins: list[Value] = []
+            for j, i in enumerate(step.inputs):
+                if isinstance(i, Ref):
+                    if i.step >= k:
+                        return False
+                    ins.append(written[i.step])
+                elif isinstance(i, str):
+                    ins.append(self.graph.values[i])
+                else:
+                    ins.append(Value(f"p{k}_{j}", tuple(i.shape), str(i.dtype)))
+            last = k == len(steps) - 1
+            outs = f.outputs if last else (f"s{k}",)
+            probe = Node(f"probe{k}", step.op, tuple(v.name for v in ins), outs, dict(step.attrs))
+            try:
+                inferred = infer_node(probe, ins)
+            except ValueError:
+                return False
+            if not last:
+                if len(inferred) != 1:
+                    return False
+                written.append(Value(f"s{k}", *inferred[0]))
+                continue
+            return all(
+                (self.shape(o), self.dtype(o)) == (shape, dtype)
+                for o, (shape, dtype) in zip(f.outputs, inferred, strict=True)
+            )
+        return False  # pragma: no cover - a fusion has at least its op step
 
 
 def closes_cycle(editor: GraphEditor, f: Fusion) -> bool:
@@ -242,7 +278,7 @@ def closes_cycle(editor: GraphEditor, f: Fusion) -> bool:
     names = f.names
     produced = {o for n in f.nodes for o in n.outputs}
     producer = {o: n for n in editor.nodes if n.name not in names for o in n.outputs}
-    stack = [i for i in f.inputs if isinstance(i, str)]
+    stack = sorted(f.reads())
     seen: set[str] = set()
     while stack:
         v = stack.pop()

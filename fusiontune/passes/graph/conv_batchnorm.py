@@ -3,18 +3,23 @@ conv2D + BatchNorm graph fusion, seed 002 figure 1)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
-from fusiontune.ir.graph import Graph, Node
+from fusiontune.ir.graph import Graph
 from fusiontune.passes.base import PassContext
-from fusiontune.passes.graph._match import Fusion, View, effective_attrs, rewrite
+from fusiontune.passes.graph._match import Fusion, effective_attrs
+from fusiontune.passes.pattern import Any, Match, P, Rule, V, apply_rules, constant
 from fusiontune.passes.pipeline import patterns
 
 
 def fold_conv_bn(
-    w: np.ndarray, b: np.ndarray | None, scale: np.ndarray, beta: np.ndarray, mean: np.ndarray, var: np.ndarray, eps: float
+    w: np.ndarray,
+    b: np.ndarray | None,
+    scale: np.ndarray,
+    beta: np.ndarray,
+    mean: np.ndarray,
+    var: np.ndarray,
+    eps: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The folded ``(W', b')`` of ``BN(conv(x, W, b))``, computed in float64, cast to W's dtype.
 
@@ -31,18 +36,26 @@ def fold_conv_bn(
     return w2.astype(w.dtype), b2.astype(w.dtype)
 
 
-def _find(view: View, conv: Node) -> Iterator[Fusion]:
-    g = view.graph
-    if conv.op != "Conv" or not all(g.is_constant(i) for i in conv.inputs[1:]):
-        return
-    bn = view.sole_reader(conv.outputs[0], "BatchNorm")
-    if bn is None or bn.inputs[0] != conv.outputs[0] or not all(g.is_constant(p) for p in bn.inputs[1:]):
-        return
-    w = g.constants[conv.inputs[1]]
-    b = g.constants[conv.inputs[2]] if len(conv.inputs) == 3 else None
-    scale, beta, mean, var = (g.constants[p] for p in bn.inputs[1:])
-    w2, b2 = fold_conv_bn(w, b, scale, beta, mean, var, float(effective_attrs(bn)["eps"]))
-    yield Fusion("ConvBatchnorm", (conv, bn), "Conv", (conv.inputs[0], w2, b2), bn.outputs, dict(conv.attrs))
+_w = V("w", where=constant)
+_CONV = Any(
+    P("Conv", V("x"), _w, name="conv"), P("Conv", V("x"), _w, V("b", where=constant), name="conv")
+)
+_BN_PARAMS = tuple(V(p, where=constant) for p in ("scale", "beta", "mean", "var"))
+
+
+def _build(m: Match) -> Fusion:
+    g = m.view.graph
+    conv, bn = m.node("conv"), m.nodes[0]
+    b = m.get("b")
+    scale, beta, mean, var = (g.constants[m[p]] for p in ("scale", "beta", "mean", "var"))
+    bias = None if b is None else g.constants[b]
+    w2, b2 = fold_conv_bn(
+        g.constants[m["w"]], bias, scale, beta, mean, var, float(effective_attrs(bn)["eps"])
+    )
+    return Fusion("ConvBatchnorm", m.nodes, "Conv", (m["x"], w2, b2), bn.outputs, dict(conv.attrs))
+
+
+RULES = (Rule("ConvBatchnorm", P("BatchNorm", _CONV, *_BN_PARAMS), _build),)
 
 
 @patterns("ConvBatchnorm")
@@ -69,4 +82,4 @@ def conv_batchnorm_fusion(graph: Graph, ctx: PassContext) -> Graph:
     Returns:
         The rewritten graph (``graph`` itself when nothing matched).
     """
-    return rewrite(graph, ctx, _find)
+    return apply_rules(graph, ctx, RULES)

@@ -3,13 +3,12 @@ conv + biasAdd graph fusion, seed 002)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
-from fusiontune.ir.graph import Graph, Node, Shape
+from fusiontune.ir.graph import Graph, Shape
 from fusiontune.passes.base import PassContext
-from fusiontune.passes.graph._match import Fusion, View, rewrite
+from fusiontune.passes.graph._match import Fusion
+from fusiontune.passes.pattern import Any, Match, P, Rule, V, apply_rules, constant
 from fusiontune.passes.pipeline import patterns
 
 
@@ -21,23 +20,26 @@ def _per_channel(shape: Shape, m: int, rank: int) -> bool:
     return full[1] == m and all(d == 1 for i, d in enumerate(full) if i != 1)
 
 
-def _find(view: View, conv: Node) -> Iterator[Fusion]:
-    g = view.graph
-    if conv.op != "Conv" or (len(conv.inputs) == 3 and not g.is_constant(conv.inputs[2])):
-        return
+_x, _w = V("x"), V("w")
+_CONV = Any(P("Conv", _x, _w, name="conv"), P("Conv", _x, _w, V("b", where=constant), name="conv"))
+
+
+def _build(m: Match) -> Fusion | None:
+    g = m.view.graph
+    conv, add, c = m.node("conv"), m.nodes[0], m["c"]
     y = conv.outputs[0]
-    add = view.sole_reader(y, "Add")
-    if add is None:
-        return
-    shape = view.shape(y)
-    m = shape[1]
-    for a, c in View.orders(add):
-        if a == y and g.is_constant(c) and _per_channel(view.shape(c), m, len(shape)):
-            bias = g.constants[c].astype(np.float64).reshape(m)
-            if len(conv.inputs) == 3:
-                bias = bias + g.constants[conv.inputs[2]].astype(np.float64)
-            dtype = view.dtype(y)
-            yield Fusion("ConvBiasAdd", (conv, add), "Conv", (*conv.inputs[:2], bias.astype(dtype)), add.outputs, dict(conv.attrs))
+    shape = m.view.shape(y)
+    if not _per_channel(m.view.shape(c), shape[1], len(shape)):
+        return None
+    bias = g.constants[c].astype(np.float64).reshape(shape[1])
+    b = m.get("b")
+    if b is not None:
+        bias = bias + g.constants[b].astype(np.float64)
+    inputs = (m["x"], m["w"], bias.astype(m.view.dtype(y)))
+    return Fusion("ConvBiasAdd", m.nodes, "Conv", inputs, add.outputs, dict(conv.attrs))
+
+
+RULES = (Rule("ConvBiasAdd", P("Add", _CONV, V("c", where=constant)), _build),)
 
 
 @patterns("ConvBiasAdd")
@@ -60,4 +62,4 @@ def conv_bias_add_fusion(graph: Graph, ctx: PassContext) -> Graph:
     Returns:
         The rewritten graph (``graph`` itself when nothing matched).
     """
-    return rewrite(graph, ctx, _find)
+    return apply_rules(graph, ctx, RULES)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import replace
-
 from fusiontune.ir.graph import Graph, Node
 from fusiontune.passes.base import PassContext
 from fusiontune.passes.graph import gelu
-from fusiontune.passes.graph._match import Fusion, View, effective_attrs, rewrite
+from fusiontune.passes.graph._match import Fusion, View, effective_attrs
+from fusiontune.passes.pattern import Match, P, Rule, V, apply_rules
 from fusiontune.passes.pipeline import patterns
 
 TANH = {"approximate": "tanh"}
@@ -21,13 +19,24 @@ ERROR_PER_UNIT_INPUT = 1.79e-4
 """``max |gelu_tanh(x) - gelu_erf(x)| / |x|`` over all x (at x = -2.592), same grid."""
 
 
-def _find(view: View, node: Node) -> Iterator[Fusion]:
-    if node.op == "Gelu":
-        if effective_attrs(node)["approximate"] == "none":
-            yield Fusion("FastGelu", (node,), "Gelu", node.inputs, node.outputs, TANH)
-        return
-    for f in gelu._find(view, node):
-        yield replace(f, pattern="Fast" + f.pattern, attrs=TANH)
+def _tanh_of_node(m: Match) -> Fusion:
+    node = m.nodes[0]
+    return Fusion("FastGelu", m.nodes, "Gelu", node.inputs, node.outputs, TANH)
+
+
+def _exact_gelu(view: View, node: Node) -> bool:
+    return effective_attrs(node)["approximate"] == "none"
+
+
+RULES = (
+    Rule("FastGelu", P("Gelu", V("x"), where=_exact_gelu), _tanh_of_node),
+    # The erf subgraphs GeluFusionPass matches, straight to the tanh form.
+    *(
+        Rule(f"Fast{r.name}", r.pattern, gelu.build_gelu(f"Fast{r.name}", "tanh"))
+        for r in gelu.RULES
+        if r.name.startswith("GeluErf")
+    ),
+)
 
 
 @patterns("FastGelu", "FastGeluErfDiv", "FastGeluErfMul")
@@ -60,4 +69,4 @@ def fast_gelu_fusion(graph: Graph, ctx: PassContext) -> Graph:
     Returns:
         The rewritten graph (``graph`` itself when nothing matched).
     """
-    return rewrite(graph, ctx, _find)
+    return apply_rules(graph, ctx, RULES)

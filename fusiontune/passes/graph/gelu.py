@@ -1,82 +1,90 @@
-"""GeluFusionPass: the exact (erf) GELU subgraph -> Gelu."""
+"""GeluFusionPass: the GELU subgraphs (erf, and its tanh approximation) -> Gelu."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from itertools import permutations
 
-from fusiontune.ir.graph import Graph, Node
+from fusiontune.ir.graph import Graph
 from fusiontune.passes.base import PassContext
-from fusiontune.passes.graph._match import Fusion, View, rewrite
+from fusiontune.passes.graph._match import Fusion, op_attrs
+from fusiontune.passes.pattern import (
+    Any,
+    Builder,
+    C,
+    Match,
+    P,
+    Pattern,
+    Rule,
+    V,
+    apply_rules,
+    products,
+)
 from fusiontune.passes.pipeline import patterns
 
-_SQRT2 = math.sqrt(2.0)
+SQRT_2 = math.sqrt(2.0)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+KAPPA = 0.044715
+"""The cubic coefficient of the tanh approximation (Hendrycks & Gimpel)."""
+
+_x = V("x")
+_HALF, _ONE = C(value=0.5), C(value=1.0)
 
 
-def _product(view: View, mul: Node, depth: int = 0) -> tuple[list[str], list[Node]]:
-    """The factors of a tree of Muls whose inner products are read by their parent only."""
-    factors: list[str] = []
-    nodes = [mul]
-    # One level of nesting covers every grouping of three factors; Mul(v, v) is a square.
-    nest = depth < 1 and mul.inputs[0] != mul.inputs[1]
-    for v in mul.inputs:
-        inner = view.producer(v, "Mul")
-        reader = view.sole_reader(v)
-        if nest and inner is not None and reader is not None and reader.name == mul.name:
-            more, inner_nodes = _product(view, inner, depth + 1)
-            factors += more
-            nodes += inner_nodes
-        else:
-            factors.append(v)
-    return factors, nodes
+def _gelu(inner: Pattern) -> tuple[P, ...]:
+    """``0.5 * x * (1 + inner)`` in every grouping of the three factors (operand order is free)."""
+    return products(_HALF, _x, P("Add", inner, _ONE))
 
 
-def _scaled_input(view: View, node: Node | None) -> tuple[str, str] | None:
-    """(pattern, x) when ``node`` is ``x / sqrt(2)`` or ``x * (1 / sqrt(2))``."""
-    if node is None:
-        return None
-    if node.op == "Div" and view.scalar_is(node.inputs[1], _SQRT2):
-        return "GeluErfDiv", node.inputs[0]
-    if node.op == "Mul":
-        for x, c in View.orders(node):
-            if view.scalar_is(c, 1.0 / _SQRT2):
-                return "GeluErfMul", x
-    return None
+# erf: 0.5 * x * (1 + erf(x / sqrt(2))), the scaled input written as a division or a product.
+ERF_DIV = _gelu(P("Erf", P("Div", _x, C(value=SQRT_2))))
+ERF_MUL = _gelu(P("Erf", P("Mul", _x, C(value=1.0 / SQRT_2))))
+
+# tanh: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), x^3 as Pow(x, 3) or x * x * x,
+# or Megatron's sqrt(2/pi) * x * (1 + 0.044715 * x * x).
+_C, _K = C(value=SQRT_2_OVER_PI), C(value=KAPPA)
+_CUBED = Any(P("Mul", P("Pow", _x, C(value=3.0)), _K), *products(_K, _x, _x, _x))
+_TANH_ARG = Any(
+    P("Mul", P("Add", _x, _CUBED), _C),
+    *products(_C, _x, P("Add", Any(*products(_K, _x, _x)), _ONE)),
+)
+TANH = _gelu(P("Tanh", _TANH_ARG))
 
 
-def _find(view: View, root: Node) -> Iterator[Fusion]:
-    if root.op != "Mul":
-        return
-    factors, muls = _product(view, root)
-    if len(factors) != 3:
-        return
-    for i_half, i_add in permutations(range(3), 2):
-        x = factors[3 - i_half - i_add]
-        add = view.producer(factors[i_add], "Add")
-        if add is None or not view.scalar_is(factors[i_half], 0.5):
-            continue
-        for e, one in View.orders(add):
-            erf = view.producer(e, "Erf")
-            if erf is None or not view.scalar_is(one, 1.0):
-                continue
-            scale = view.producer(erf.inputs[0])
-            hit = _scaled_input(view, scale)
-            if hit is not None and scale is not None and hit[1] == x:
-                yield Fusion(hit[0], (*muls, add, erf, scale), "Gelu", (x,), root.outputs)
+def build_gelu(pattern: str, approximate: str = "none") -> Builder:
+    """The builder of a GELU subgraph match: one Gelu node of ``x``."""
+
+    def build(m: Match) -> Fusion:
+        attrs = op_attrs("Gelu", approximate=approximate)
+        return Fusion(pattern, m.nodes, "Gelu", (m["x"],), m.nodes[0].outputs, attrs)
+
+    return build
 
 
-@patterns("GeluErfDiv", "GeluErfMul")
+RULES = (
+    *(Rule("GeluErfDiv", p, build_gelu("GeluErfDiv")) for p in ERF_DIV),
+    *(Rule("GeluErfMul", p, build_gelu("GeluErfMul")) for p in ERF_MUL),
+    *(Rule("GeluTanh", p, build_gelu("GeluTanh", "tanh")) for p in TANH),
+)
+
+
+@patterns("GeluErfDiv", "GeluErfMul", "GeluTanh")
 def gelu_fusion(graph: Graph, ctx: PassContext) -> Graph:
-    """Fold the exact GELU, written with erf, into one Gelu node (approximate="none").
+    """Fold the GELU, written out with erf or with tanh, into one Gelu node.
 
-    Identity: ``0.5 * x * (1 + erf(x / sqrt(2))) == Gelu(x)``, also with
+    Identity: ``0.5 * x * (1 + erf(x / sqrt(2))) == Gelu(x)`` (approximate="none"), also with
     ``x * 0.7071067811865476`` for ``x / sqrt(2)``, with the three factors in any grouping
-    (``(x * 0.5) * t``, ``x * (0.5 * t)``, ``0.5 * (x * t)``) and any operand order.
+    (``(x * 0.5) * t``, ``x * (0.5 * t)``, ``0.5 * (x * t)``) and any operand order. The tanh
+    approximation, as GPT-2's ``gelu_new``, T5's gated-gelu and torch's
+    ``gelu(approximate="tanh")`` export it:
+    ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))) == Gelu(x, approximate="tanh")``
+    (pattern ``GeluTanh``), x^3 written ``Pow(x, 3)`` or as a product ``x * x * x`` in any
+    grouping (the coefficient anywhere in it), and also as Megatron writes it,
+    ``sqrt(2 / pi) * x * (1 + 0.044715 * x * x)``. Exact up to the rounding of the constants.
 
-    Preconditions: the constants are scalars within 1e-6 of 0.5, 1, sqrt(2) (or 1/sqrt(2)); the
-    inner products, the sum, the erf and the scaled input have no readers outside the pattern and
-    are no graph outputs; the result has x's shape and dtype.
+    Preconditions: the constants are scalars within 1e-6 (relative above 1) of 0.5, 1, sqrt(2)
+    or 1/sqrt(2), 3, sqrt(2/pi) and 0.044715 (a float32 export rounds them); the inner products,
+    sums, the erf or tanh and the scaled input have no readers outside the pattern and are no
+    graph outputs; the result has x's shape and dtype.
 
     Args:
         graph: the graph to rewrite.
@@ -85,4 +93,4 @@ def gelu_fusion(graph: Graph, ctx: PassContext) -> Graph:
     Returns:
         The rewritten graph (``graph`` itself when nothing matched).
     """
-    return rewrite(graph, ctx, _find)
+    return apply_rules(graph, ctx, RULES)

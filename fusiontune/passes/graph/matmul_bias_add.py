@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from fusiontune.ir.graph import Graph, Node, Shape
+from fusiontune.ir.graph import Graph, Shape
 from fusiontune.passes.base import PassContext
-from fusiontune.passes.graph._match import Fusion, View, rewrite
+from fusiontune.passes.graph._match import Fusion
+from fusiontune.passes.pattern import Builder, Match, P, Rule, V, apply_rules, constant
 from fusiontune.passes.pipeline import patterns
+
+_MATMUL = P("MatMul", V("a"), V("b"), name="mm")  # two inputs: no bias yet
 
 
 def _bias_shape(shape: Shape, n: int, rank: int) -> bool:
@@ -15,27 +16,22 @@ def _bias_shape(shape: Shape, n: int, rank: int) -> bool:
     return 1 <= len(shape) <= rank and shape[-1] == n and all(d == 1 for d in shape[:-1])
 
 
-def _find(view: View, mm: Node) -> Iterator[Fusion]:
-    if mm.op != "MatMul" or len(mm.inputs) != 2:
-        return
-    y = mm.outputs[0]
-    user = view.sole_reader(y, "BiasAdd", "Add")
-    if user is None:
-        return
-    if user.op == "BiasAdd":
-        if user.inputs[0] == y:
-            yield Fusion(
-                "MatMulBiasAdd", (mm, user), "MatMul", (*mm.inputs, user.inputs[1]), user.outputs
-            )
-        return
-    shape = view.shape(y)
-    for a, c in View.orders(user):
-        if (
-            a == y
-            and view.graph.is_constant(c)
-            and _bias_shape(view.shape(c), shape[-1], len(shape))
-        ):
-            yield Fusion("MatMulAdd", (mm, user), "MatMul", (*mm.inputs, c), user.outputs)
+def _build(pattern: str) -> Builder:
+    def build(m: Match) -> Fusion | None:
+        mm, bias = m.node("mm"), m["bias"]
+        shape = m.view.shape(mm.outputs[0])
+        if pattern == "MatMulAdd" and not _bias_shape(m.view.shape(bias), shape[-1], len(shape)):
+            return None
+        root = m.nodes[0]
+        return Fusion(pattern, m.nodes, "MatMul", (m["a"], m["b"], bias), root.outputs)
+
+    return build
+
+
+RULES = (
+    Rule("MatMulBiasAdd", P("BiasAdd", _MATMUL, V("bias")), _build("MatMulBiasAdd")),
+    Rule("MatMulAdd", P("Add", _MATMUL, V("bias", where=constant)), _build("MatMulAdd")),
+)
 
 
 @patterns("MatMulBiasAdd", "MatMulAdd")
@@ -57,4 +53,4 @@ def matmul_bias_add_fusion(graph: Graph, ctx: PassContext) -> Graph:
     Returns:
         The rewritten graph (``graph`` itself when nothing matched).
     """
-    return rewrite(graph, ctx, _find)
+    return apply_rules(graph, ctx, RULES)

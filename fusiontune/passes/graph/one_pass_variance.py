@@ -8,13 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from fusiontune.ir.graph import Graph, GraphEditor, Node
-from fusiontune.ir.ops import infer_node
+from fusiontune.ir.ops import FLOAT_DTYPES, infer_node
 from fusiontune.passes.base import PassContext
 from fusiontune.passes.graph._match import View, effective_attrs
-from fusiontune.passes.graph._norm import square_kind
+from fusiontune.passes.pattern import Match, P, V, match_node
 from fusiontune.passes.pipeline import patterns
-
-NORM_OPS = ("LayerNorm", "AddLayerNorm")
 
 
 @dataclass(frozen=True)
@@ -34,76 +32,77 @@ class _Variance:
     axis: int
 
 
-def _centred(view: View, d: str, axis: int) -> tuple[Node, Node] | None:
-    """(mean, sub) when ``d = x - ReduceMean(x)`` over ``axis`` with keepdims, x a float tensor."""
-    sub = view.producer(d, "Sub")
-    if sub is None:
-        return None
-    x, m = sub.inputs
-    mean = view.producer(m, "ReduceMean")
-    if mean is None or mean.inputs[0] != x or view.reduce_axis(mean) != axis:
-        return None
-    if view.shape(d) != view.shape(x) or view.dtype(x) not in ("float16", "float32", "float64"):
-        return None
-    return mean, sub
+def _float(view: View, value: str) -> bool:
+    return view.dtype(value) in FLOAT_DTYPES
 
 
-def _decomposed(view: View, var: Node) -> _Variance | None:
-    """``ReduceMean(d * d)`` or ``ReduceMean(Pow(d, 2))`` with ``d = x - ReduceMean(x)``."""
-    if var.op != "ReduceMean":
-        return None
-    axis = view.reduce_axis(var)
-    square = view.producer(var.inputs[0], "Mul", "Pow")
-    if axis is None or square is None or view.sole_reader(square.outputs[0]) is not var:
-        return None
-    d = square.inputs[0]
-    kind = square_kind(view, square, d)
-    found = _centred(view, d, axis)
-    if kind is None or found is None:
-        return None
-    mean, sub = found
-    return _Variance(
-        f"OnePassVariance{kind}",
-        (mean, sub, square, var),
-        (square, var),
-        sub.inputs[0],
-        mean.outputs[0],
-        d,
-        axis,
-    )
+def _two_pass(view: View, node: Node) -> bool:
+    return effective_attrs(node)["variance"] == "two_pass"
 
 
-def _centred_rms_norm(view: View, rms: Node) -> _Variance | None:
-    """``RMSNorm(x - ReduceMean(x))``: its mean of squares is the two-pass variance of x."""
-    if rms.op != "RMSNorm":
+_x = V("x", where=_float)
+_D = P("Sub", _x, P("ReduceMean", _x, name="mean"), name="sub")
+MARK_RULES = (
+    ("OnePassVarianceLayerNorm", P("LayerNorm", V("x"), V("g"), V("b"), where=_two_pass)),
+    (
+        "OnePassVarianceAddLayerNorm",
+        P("AddLayerNorm", V("a"), V("r"), V("g"), V("b"), where=_two_pass),
+    ),
+)
+"""Fused norms whose ``variance`` attribute becomes ``one_pass``."""
+VARIANCE_RULES = (
+    # The canonical form writes the square Mul(d, d) (the canonicalize stage rewrites Pow(d, 2)).
+    ("OnePassVarianceMul", P("ReduceMean", P("Mul", _D, _D, name="square"), name="var")),
+    ("OnePassVarianceCentredRmsNorm", P("RMSNorm", _D, V("gamma"), name="rms")),
+)
+"""Two-sweep variances written out (or an RMSNorm's mean of squares of a centred input)."""
+
+
+def _variance(pattern: str, m: Match) -> _Variance | None:
+    """The two-pass variance a match of :data:`VARIANCE_RULES` found, or None."""
+    view, mean, sub = m.view, m.node("mean"), m.node("sub")
+    d = sub.outputs[0]
+    if view.shape(d) != view.shape(m["x"]):
         return None
-    d = rms.inputs[0]
+    if m.has_node("var"):
+        var, square = m.node("var"), m.node("square")
+        axis = view.reduce_axis(var)
+        if (
+            axis is None
+            or view.reduce_axis(mean) != axis
+            or view.sole_reader(square.outputs[0]) is not var
+        ):
+            return None
+        return _Variance(
+            pattern, (mean, sub, square, var), (square, var), m["x"], mean.outputs[0], d, axis
+        )
+    rms = m.node("rms")
     axis = len(view.shape(d)) - 1
-    found = _centred(view, d, axis)
-    if found is None or view.dtype(rms.inputs[1]) != view.dtype(d):
+    if view.reduce_axis(mean) != axis or view.dtype(m["gamma"]) != view.dtype(d):
         return None
-    mean, sub = found
-    return _Variance(
-        "OnePassVarianceCentredRmsNorm",
-        (mean, sub, rms),
-        (rms,),
-        sub.inputs[0],
-        mean.outputs[0],
-        d,
-        axis,
-    )
+    return _Variance(pattern, (mean, sub, rms), (rms,), m["x"], mean.outputs[0], d, axis)
+
+
+def _match_at(view: View, node: Node) -> tuple[str, _Variance | None] | None:
+    """The first rule matching at ``node``: (pattern, None) for a fused norm to mark, (pattern,
+    variance) for a variance to rewrite; None when none matches."""
+    for name, pattern in MARK_RULES:
+        if next(match_node(pattern, node, Match(view)), None) is not None:
+            return name, None
+    for name, pattern in VARIANCE_RULES:
+        for m in match_node(pattern, node, Match(view)):
+            found = _variance(name, m)
+            if found is not None:
+                return name, found
+    return None
 
 
 def _candidates(view: View) -> Iterator[tuple[str, Node, _Variance | None]]:
     """(pattern, anchor, decomposed match or None) in node order."""
     for node in view.graph.nodes:
-        if node.op in NORM_OPS:
-            if effective_attrs(node)["variance"] == "two_pass":
-                yield f"OnePassVariance{node.op}", node, None
-            continue
-        found = _decomposed(view, node) or _centred_rms_norm(view, node)
-        if found is not None:
-            yield found.pattern, node, found
+        hit = _match_at(view, node)
+        if hit is not None:
+            yield hit[0], node, hit[1]
 
 
 class _Writer:
@@ -152,7 +151,6 @@ def _rewrite(ed: GraphEditor, view: View, v: _Variance) -> None:
 @patterns(
     "OnePassVarianceLayerNorm",
     "OnePassVarianceAddLayerNorm",
-    "OnePassVariancePow",
     "OnePassVarianceMul",
     "OnePassVarianceCentredRmsNorm",
 )
@@ -171,10 +169,10 @@ def one_pass_variance_fusion(graph: Graph, ctx: PassContext) -> Graph:
       ``variance="one_pass"`` (patterns ``OnePassVarianceLayerNorm``,
       ``OnePassVarianceAddLayerNorm``); the interpreter's reference and the expansion codegen
       lowers (ir/expand.py) honour the attribute;
-    * the decomposed variance ``ReduceMean(d * d)`` or ``ReduceMean(Pow(d, 2))`` with
-      ``d = x - ReduceMean(x)`` becomes ``max(ReduceMean(x * x) - m * m, 0)`` (patterns
-      ``OnePassVarianceMul``, ``OnePassVariancePow``), so the pass changes the program when
-      LayerNormFusionPass is off. ``d`` stays for the normalization that reads it;
+    * the decomposed variance ``ReduceMean(d * d)`` with ``d = x - ReduceMean(x)`` (the canonical
+      form of ``ReduceMean(Pow(d, 2))`` too) becomes ``max(ReduceMean(x * x) - m * m, 0)``
+      (pattern ``OnePassVarianceMul``), so the pass changes the program when LayerNormFusionPass
+      is off. ``d`` stays for the normalization that reads it;
     * ``RMSNorm(d, gamma)`` with the same centred ``d`` (pattern
       ``OnePassVarianceCentredRmsNorm``): with LayerNormFusionPass off, RmsNormFusionPass folds
       the decomposed LayerNorm's ``d / sqrt(mean(d^2) + eps) * gamma`` into such an RMSNorm, whose

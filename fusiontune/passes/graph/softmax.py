@@ -2,35 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from fusiontune.ir.graph import Graph, Node
+from fusiontune.ir.graph import Graph
 from fusiontune.passes.base import PassContext
-from fusiontune.passes.graph._match import Fusion, View, op_attrs, rewrite
+from fusiontune.passes.graph._match import Fusion, op_attrs
+from fusiontune.passes.pattern import Match, P, Rule, V, apply_rules
 from fusiontune.passes.pipeline import patterns
 
+_x = V("x")
+_EXP = P("Exp", P("Sub", _x, P("ReduceMax", _x, name="max")), name="exp")
+PATTERN = P("Div", _EXP, P("ReduceSum", _EXP, name="sum"))
+"""``Exp(x - ReduceMax(x)) / ReduceSum(Exp(x - ReduceMax(x)))``, one Exp node."""
 
-def _find(view: View, div: Node) -> Iterator[Fusion]:
-    if div.op != "Div":
-        return
-    e, s = div.inputs
-    exp = view.producer(e, "Exp")
-    total = view.producer(s, "ReduceSum")
-    if exp is None or total is None or total.inputs[0] != e:
-        return
-    sub = view.producer(exp.inputs[0], "Sub")
-    if sub is None:
-        return
-    x, m = sub.inputs
-    rmax = view.producer(m, "ReduceMax")
-    if rmax is None or rmax.inputs[0] != x:
-        return
-    axis = view.reduce_axis(rmax)
-    if axis is None or view.reduce_axis(total) != axis:
-        return
-    rank = len(view.shape(x))
+
+def _build(m: Match) -> Fusion | None:
+    view = m.view
+    axis = view.reduce_axis(m.node("max"))
+    if axis is None or view.reduce_axis(m.node("sum")) != axis:
+        return None
+    rank = len(view.shape(m["x"]))
     attrs = op_attrs("Softmax", axis=-1 if axis == rank - 1 else axis)
-    yield Fusion("Softmax", (rmax, sub, exp, total, div), "Softmax", (x,), div.outputs, attrs)
+    return Fusion("Softmax", m.nodes, "Softmax", (m["x"],), m.nodes[0].outputs, attrs)
+
+
+RULES = (Rule("Softmax", PATTERN, _build),)
 
 
 @patterns("Softmax")
@@ -51,4 +45,4 @@ def softmax_fusion(graph: Graph, ctx: PassContext) -> Graph:
     Returns:
         The rewritten graph (``graph`` itself when nothing matched).
     """
-    return rewrite(graph, ctx, _find)
+    return apply_rules(graph, ctx, RULES)

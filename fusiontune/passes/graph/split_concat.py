@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+
 from fusiontune.ir.graph import Graph, GraphEditor, Node
 from fusiontune.ir.ops import normalize_axis
 from fusiontune.passes.base import PassContext
 from fusiontune.passes.graph._match import Forwarder, View, effective_attrs, op_attrs
+from fusiontune.passes.pattern import Match, P, V, match_node
 from fusiontune.passes.pipeline import patterns
+
+
+@functools.cache
+def concat_of_pieces(n: int) -> P:
+    """``Concat(p_1, ..., p_n)``, each piece an output of one Split node (any output index)."""
+    return P("Concat", *(P("Split", V("x"), name="split", output=None) for _ in range(n)))
 
 
 def _pieces(view: View, concat: Node) -> tuple[Node, int] | None:
     """The Split whose consecutive outputs the Concat joins on the Split's axis, and the first."""
-    split = view.producer(concat.inputs[0], "Split")
-    if split is None:
+    m = next(match_node(concat_of_pieces(len(concat.inputs)), concat, Match(view)), None)
+    if m is None:
         return None
+    split = m.node("split")
     rank = len(view.shape(split.inputs[0]))
     axis = normalize_axis(effective_attrs(split)["axis"], rank)
     if normalize_axis(effective_attrs(concat)["axis"], rank) != axis:

@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from fusiontune.ir.graph import Graph, Node
+from fusiontune.ir.graph import Graph
 from fusiontune.passes.base import PassContext
-from fusiontune.passes.graph._match import Fusion, View, rewrite
+from fusiontune.passes.graph._match import Fusion
+from fusiontune.passes.pattern import Builder, Match, P, Rule, V, apply_rules
 from fusiontune.passes.pipeline import patterns
 
+_gate, _up = V("gate"), V("up")
 
-def _find(view: View, mul: Node) -> Iterator[Fusion]:
-    if mul.op != "Mul":
-        return
-    for act_value, up in View.orders(mul):
-        act = view.producer(act_value, "Silu", "Mul")
-        if act is None:
-            continue
-        if act.op == "Silu":
-            yield Fusion("SwiGlu", (act, mul), "SwiGlu", (act.inputs[0], up), mul.outputs)
-            continue
-        for gate, s in View.orders(act):
-            sig = view.producer(s, "Sigmoid")
-            if sig is not None and sig.inputs[0] == gate:
-                yield Fusion("SwiGluSigmoid", (sig, act, mul), "SwiGlu", (gate, up), mul.outputs)
+
+def _build(pattern: str) -> Builder:
+    def build(m: Match) -> Fusion:
+        return Fusion(pattern, m.nodes, "SwiGlu", (m["gate"], m["up"]), m.nodes[0].outputs)
+
+    return build
+
+
+RULES = (
+    Rule("SwiGlu", P("Mul", P("Silu", _gate), _up), _build("SwiGlu")),
+    Rule(
+        "SwiGluSigmoid",
+        P("Mul", P("Mul", _gate, P("Sigmoid", _gate)), _up),
+        _build("SwiGluSigmoid"),
+    ),
+)
 
 
 @patterns("SwiGlu", "SwiGluSigmoid")
@@ -44,4 +46,4 @@ def swiglu_fusion(graph: Graph, ctx: PassContext) -> Graph:
     Returns:
         The rewritten graph (``graph`` itself when nothing matched).
     """
-    return rewrite(graph, ctx, _find)
+    return apply_rules(graph, ctx, RULES)
