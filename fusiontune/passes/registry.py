@@ -87,7 +87,7 @@ PASSES: tuple[PassInfo, ...] = (
        "Conv + Add(per-channel constant) -> Conv with a bias input"),
     _p("GeluFusionPass", ("gelu_fusion",), GRAPH_FUSION, "graph",
        f"{_G}.gelu:gelu_fusion",
-       "0.5*x*(1+erf(x/sqrt2)) subgraph -> Gelu"),
+       "0.5*x*(1+erf(x/sqrt2)) or its tanh form, written out -> Gelu"),
     _p("FastGeluPass", ("fast_gelu_fusion",), GRAPH_FUSION, "graph",
        f"{_G}.fast_gelu:fast_gelu_fusion",
        "erf GELU (node or subgraph) -> tanh approximation",

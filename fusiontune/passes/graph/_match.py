@@ -1,9 +1,10 @@
 """Shared matching helpers for the GraphFusion passes.
 
 A pass describes each match as a :class:`Fusion` (the nodes it replaces and the node that
-replaces them, with, when it needs them, a few new nodes around it: :class:`Step`) and hands the
-candidates to :func:`fusiontune.passes.pattern.apply_rules` (or :func:`rewrite`), which checks the
-preconditions every fusion shares, asks ``ctx.allow`` and applies the allowed ones.
+replaces them, with, when it needs them, a few new nodes around it: :class:`Step`), built by the
+rules it hands to :func:`fusiontune.passes.pattern.apply_rules`, which checks the preconditions
+every fusion shares (:meth:`View.valid`, :func:`closes_cycle`), asks ``ctx.allow`` and applies
+the allowed ones.
 
 Matches are found on one snapshot of the graph and applied to one editor. That is sound because a
 fusion keeps the names of the values it exposes (the new node writes the old root's outputs) and
