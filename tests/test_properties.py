@@ -58,6 +58,7 @@ FOCUS: dict[str, tuple[str, str | None]] = {
     "AddLayerNormFusionPass": ("pattern", "add_layer_norm_op"),
     "AddRmsNormFusionPass": ("pattern", "add_rms_norm_op"),
     "SwiGluFusionPass": ("pattern", "swiglu"),
+    "GeGluFusionPass": ("pattern", "geglu"),
     "SplitConcatFusionPass": ("layout", "SplitConcat"),
     "NormSplitFusionPass": ("pattern", "norm_op"),
     "MatmulElemBiasaddFusionPass": ("matmul", "bias"),
@@ -355,6 +356,7 @@ class _Writer:
                 "gelu",
                 "silu",
                 "swiglu",
+                "geglu",
                 "norm_op",
                 "add_layer_norm_op",
                 "add_rms_norm_op",
@@ -377,6 +379,9 @@ class _Writer:
             out = g.silu_decomposed(t)
         elif kind == "swiglu":
             gate = g.silu(t) if self.draw(st.booleans()) else g.silu_decomposed(t)
+            out = g.mul(gate, self.partner(t))
+        elif kind == "geglu":  # T5's gated-gelu: gelu(gate) * up, the GELU erf or tanh
+            gate = g.gelu(t, approximate=self.draw(st.sampled_from(["none", "tanh"])))
             out = g.mul(gate, self.partner(t))
         elif kind == "norm_op":  # the fused ops themselves, as an importer might emit them
             which = self.draw(st.sampled_from(["softmax", "layer_norm", "rms_norm"]))
