@@ -139,7 +139,7 @@ class Program:
             v = self.graph.values[name]
             self._arrays[name] = np.empty(v.shape, dtype=v.dtype)
         for name, arr in self.graph.constants.items():
-            self._arrays[name] = np.ascontiguousarray(arr)
+            self._arrays[name] = np.asarray(arr, order="C")  # ascontiguousarray makes a 0-d constant 1-d
         for name in self.graph.outputs:
             if name not in self._arrays:
                 v = self.graph.values[name]

@@ -140,6 +140,8 @@ def _norm_graph(op: str, dtype: str = "float32") -> Graph:
     beta = g.const(rng.standard_normal(24).astype(dtype))
     if op == "Softmax":
         out = g.softmax(x)
+    elif op == "LogSoftmax":
+        out = g.op("LogSoftmax", x)
     elif op == "LayerNorm":
         out = g.layer_norm(x, gamma, beta)
     elif op == "RMSNorm":
@@ -153,7 +155,7 @@ def _norm_graph(op: str, dtype: str = "float32") -> Graph:
 
 
 def test_every_expandable_op_has_a_normalization_case() -> None:
-    assert set(EXPANDABLE) == {"Softmax", "LayerNorm", "RMSNorm", "AddLayerNorm", "AddRmsNorm"}
+    assert set(EXPANDABLE) == {"Softmax", "LogSoftmax", "LayerNorm", "RMSNorm", "AddLayerNorm", "AddRmsNorm"}
 
 
 @pytest.mark.parametrize("op", EXPANDABLE)
