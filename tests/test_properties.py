@@ -203,6 +203,64 @@ class _Writer:
         use = self.draw(st.sampled_from(["Sub", "Add", "Mul", "Div"]))
         self.set(g.div(t, self.positive(red)) if use == "Div" else g.op(use, t, red))
 
+    def logic(self, kind: str | None = None) -> None:
+        """A bool mask built from comparisons and logic ops, then used by Where or cast to a float.
+
+        The comparisons read graph inputs and exact constants only, so the mask is the same in
+        float32 and in float64 (a computed value near a threshold could flip either way).
+        """
+        g, t = self.g, self.cur
+        u = self.input(t.shape)
+        cmp = self.draw(st.sampled_from(["Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Equal"]))
+        mask = g.op(cmp, u, self.draw(st.sampled_from([0.0, 0.5, -0.25])))
+        kind = self.pick(["and", "or", "xor", "not", "isnan", "isinf"], kind)
+        if kind in ("and", "or", "xor"):
+            other = g.op(self.draw(st.sampled_from(["Less", "GreaterOrEqual"])), self.input(t.shape[-1:]), 0.0)
+            mask = g.op(kind.capitalize(), mask, other)
+        elif kind == "not":
+            mask = g.op("Not", mask)
+        else:  # never true on finite inputs: an Or that keeps the mask
+            mask = g.op("Or", mask, g.op("IsNaN" if kind == "isnan" else "IsInf", u))
+        if self.draw(st.booleans()):
+            self.set(g.where(mask, t, g.neg(t)))
+        else:
+            self.set(g.mul(t, g.cast(mask, "float32")))
+
+    def elementwise(self, kind: str | None = None) -> None:
+        """The elementwise ops of real exports (Abs, Sign, Cos, Sin, Softplus, Elu, Selu, PRelu, Mod)."""
+        g, t = self.g, self.cur
+        kind = self.pick(["Abs", "Cos", "Sin", "Softplus", "Elu", "Selu", "PRelu", "Sign", "Mod"], kind)
+        if kind == "PRelu":
+            out = g.op("PRelu", t, self.const(t.shape[-1:], scale=0.3))
+        elif kind == "Sign":  # of an input: a computed value near 0 could flip between dtypes
+            out = g.mul(t, g.op("Sign", self.input(t.shape)))
+        elif kind == "Mod":  # of an input by an exact constant, for the same reason
+            out = g.add(t, g.op("Mod", self.input(t.shape), self.draw(st.sampled_from([1.5, -2.0])), fmod=self.draw(st.sampled_from([0, 1]))))
+        else:
+            out = g.op(kind, t)
+        self.set(out)
+
+    def index(self, kind: str | None = None) -> None:
+        """The index and layout ops of real exports: CumSum, Pad, Trilu, Tile, LogSoftmax."""
+        g, t = self.g, self.cur
+        rank, cols = len(t.shape), t.shape[-1]
+        kind = self.pick(["CumSum", "Pad", "Trilu", "Tile", "LogSoftmax"], kind)
+        if kind == "CumSum":
+            out = g.op("CumSum", t, axis=self.draw(st.sampled_from([-1, -2])) % rank,
+                       exclusive=self.draw(st.sampled_from([0, 1])), reverse=self.draw(st.sampled_from([0, 1])))
+        elif kind == "Pad" and cols <= 12:
+            mode = self.draw(st.sampled_from(["constant", "reflect", "edge"]))
+            pads = [0] * (2 * rank)
+            pads[rank - 1], pads[2 * rank - 1] = 1, 2 if cols > 2 else 1
+            out = g.op("Pad", t, pads=tuple(pads), mode=mode, value=0.5)
+        elif kind == "Tile" and cols <= 8:
+            out = g.op("Tile", t, repeats=(*(1,) * (rank - 1), 2))
+        elif kind == "LogSoftmax":
+            out = g.op("LogSoftmax", t)
+        else:
+            out = g.op("Trilu", t, upper=self.draw(st.sampled_from([0, 1])), k=self.draw(st.sampled_from([-1, 0, 1])))
+        self.set(out)
+
     def where(self, kind: str | None = None) -> None:
         g, t = self.g, self.cur
         mask = self.input(t.shape, "bool")
@@ -413,6 +471,9 @@ STEPS = (
     "binary",
     "reduce",
     "where",
+    "logic",
+    "elementwise",
+    "index",
     "layout",
     "identity",
     "branch",
@@ -427,8 +488,11 @@ STEPS = (
 
 
 @st.composite
-def graphs(draw: st.DrawFn, focus: str | None = None, max_steps: int = 5) -> Graph:
-    """A random valid graph; with ``focus`` (a pass name), one that holds that pass's pattern."""
+def graphs(
+    draw: st.DrawFn, focus: str | None = None, max_steps: int = 5, step: str | None = None
+) -> Graph:
+    """A random valid graph; with ``focus`` (a pass name), one that holds that pass's pattern;
+    with ``step`` (a step name), one that takes that step at least once."""
     batch = draw(st.sampled_from([(), (), (2,)]))
     w = _Writer(draw, (*batch, draw(st.sampled_from(ROWS)), draw(st.sampled_from(COLS))))
     steps: list[tuple[str, str | None]] = [
@@ -436,6 +500,8 @@ def graphs(draw: st.DrawFn, focus: str | None = None, max_steps: int = 5) -> Gra
     ]
     if focus is not None:
         steps.insert(draw(st.integers(0, len(steps))), FOCUS[focus])
+    if step is not None:
+        steps.insert(draw(st.integers(0, len(steps))), (step, None))
     for step, kind in steps:
         getattr(w, step)(kind)
     outputs = [w.cur, *w.side_outputs]
@@ -579,3 +645,19 @@ def test_fused_program_matches_float32_all_off_program(
     assert n_off == len(run_pipeline(graph, FusionConfig.all_off()).fused.graph.nodes)
     budget = float32_budget(graph, inputs, run_graph(graph, inputs, dtype="float64"))
     assert_close(fused, unfused, graph, budget)
+
+
+@given(
+    data=st.data(),
+    step=st.sampled_from(["logic", "elementwise", "index"]),
+    all_off=st.booleans(),
+    seed=st.integers(0, 3),
+)
+def test_ops_of_real_exports_in_random_graphs_match_float64_interpreter(
+    data: st.DataObject, step: str, all_off: bool, seed: int
+) -> None:
+    """The logic, comparison, elementwise and index ops of real exports, inside random graphs, fused
+    by the defaults (or unfused), equal the float64 interpreter."""
+    graph = data.draw(graphs(step=step), label="graph")
+    config = FusionConfig.resolve(all_switch=ALL_OFF) if all_off else FusionConfig.defaults()
+    assert_matches_float64(graph, config, random_inputs(graph, seed=seed))
