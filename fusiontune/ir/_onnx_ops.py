@@ -5,7 +5,10 @@ names (None for an omitted optional input) and ``attrs`` the node's attributes a
 It emits catalogue nodes through :meth:`Importer.emit`, which folds any node whose inputs are all
 known, so shape subgraphs never reach the graph. Opset differences (attributes that became inputs,
 Softmax's 2-D coercion before opset 13, ...) are handled here, next to the op they concern.
-:func:`unsupported_reason` is the check made for every node before any conversion starts.
+:func:`unsupported_reason` is the check made, before any conversion starts, for every node that
+depends on live data (ir/_onnx_fold.py decides which do; the others fold, through their converter
+or onnx.reference). More converters live in ``_onnx_ops_logic``, ``_onnx_ops_index`` and
+``_onnx_ops_sequence``, imported at the end of this module.
 """
 
 from __future__ import annotations

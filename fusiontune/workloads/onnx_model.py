@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fusiontune.ir.graph import Graph
+from fusiontune.ir.graph import Graph, Node
 from fusiontune.ir.interpreter import random_inputs, run_graph
 from fusiontune.ir.onnx_import import InputFileError, OnnxImport
 from fusiontune.workloads.workload import Workload
@@ -106,8 +106,24 @@ class OnnxSource:
         return self.load().graph
 
 
+def _indexed_size(graph: Graph, node: Node, value: str) -> int | None:
+    """The size of the smallest data axis ``value`` indexes when ``node`` reads it as indices
+    (Gather, GatherElements, GatherND, ScatterND), else None."""
+    if len(node.inputs) < 2 or node.inputs[1] != value:
+        return None
+    data = graph.values[node.inputs[0]].shape
+    if node.op in ("Gather", "GatherElements"):
+        return data[node.attr("axis", 0) % len(data)]
+    if node.op in ("GatherND", "ScatterND"):
+        first = node.attr("batch_dims", 0) if node.op == "GatherND" else 0
+        k = graph.values[value].shape[-1]
+        return min(data[first : first + k], default=1)
+    return None
+
+
 def index_bounds(graph: Graph) -> dict[str, int]:
-    """Integer graph inputs used as Gather indices -> the size of the smallest gathered axis."""
+    """Integer graph inputs used as indices (Gather, GatherElements, GatherND, ScatterND) -> the
+    size of the smallest axis they index, so random inputs stay in range."""
     consumers = graph.consumers()
     bounds: dict[str, int] = {}
     for name in graph.inputs:
@@ -117,10 +133,9 @@ def index_bounds(graph: Graph) -> dict[str, int]:
         while frontier:
             value = frontier.pop()
             for node in consumers.get(value, []):
-                if node.op == "Gather" and node.inputs[1] == value:
-                    data = graph.values[node.inputs[0]]
-                    axis = node.attr("axis", 0) % len(data.shape)
-                    bounds[name] = min(bounds.get(name, data.shape[axis]), data.shape[axis])
+                bound = _indexed_size(graph, node, value)
+                if bound is not None:
+                    bounds[name] = min(bounds.get(name, bound), bound)
                 elif node.op in _INDEX_PASS_THROUGH:
                     for out in node.outputs:
                         if out not in seen:

@@ -218,3 +218,24 @@ def test_cli_run_bad_onnx_file_exits_2_with_one_line(tmp_path: Path) -> None:
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "broken.onnx" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_index_inputs_of_gather_nd_and_gather_elements_are_bounded(tmp_path: Path) -> None:
+    table = np.random.default_rng(5).standard_normal((6, 40, 8)).astype(np.float32)
+    nodes = [
+        helper.make_node("GatherND", ["table", "nd"], ["a"], name="gnd"),  # indexes axes 0 and 1
+        helper.make_node("GatherElements", ["table", "el"], ["b"], name="gel", axis=2),
+        helper.make_node("ReduceSum", ["a"], ["ra"], name="ra", keepdims=0),
+        helper.make_node("ReduceSum", ["b"], ["rb"], name="rb", keepdims=0),
+    ]
+    path = save(
+        tmp_path,
+        nodes,
+        [vi("nd", [3, 2], TensorProto.INT64), vi("el", [6, 40, 8], TensorProto.INT64)],
+        [vi("ra", []), vi("rb", [])],
+        [init("table", table)],
+        name="indexer",
+    )
+    w = load_onnx_workload(OnnxSource.make(path, {}))
+    assert index_bounds(w.graph) == {"nd": 6, "el": 8}
+    assert w.inputs["nd"].max() < 6 and w.inputs["el"].max() < 8
