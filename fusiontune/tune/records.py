@@ -7,6 +7,7 @@ a sweep.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -14,8 +15,36 @@ from typing import Any
 
 from fusiontune.config.fusion_config import FusionConfig
 
-OK = "ok"
-FAILED = "failed"
+
+class EvalStatus(enum.StrEnum):
+    """How the evaluation of one configuration ended; stored as its value (``"build failed"``).
+
+    ``ok`` is the only status with a measurement. The others say where it went wrong: the pipeline
+    or the kernel compile (``build failed``), running the program or the job (``run failed``), the
+    trial's time limit (``timeout``), the worker process or its node (``worker died``), an output
+    the reference disagrees with beyond any bound, NaN or a shape mismatch (``wrong result``), and
+    a trial that no evaluator answered: a driver killed, a replay without the point
+    (``not recorded``).
+    """
+
+    OK = "ok"
+    BUILD_FAILED = "build failed"
+    RUN_FAILED = "run failed"
+    TIMEOUT = "timeout"
+    WORKER_DIED = "worker died"
+    WRONG_RESULT = "wrong result"
+    NOT_RECORDED = "not recorded"
+
+    @staticmethod
+    def parse(value: object) -> EvalStatus:
+        """The status stored as ``value``; the first version's ``"failed"`` reads as ``run failed``."""
+        if value == "failed":
+            return EvalStatus.RUN_FAILED
+        return EvalStatus(str(value))
+
+
+OK = EvalStatus.OK
+FAILED = EvalStatus.RUN_FAILED
 
 
 Deny = tuple[tuple[str, tuple[int, ...]], ...]
@@ -50,6 +79,9 @@ class EvalRequest:
             step switches off one fusion out of many); see :func:`normalize_deny`.
         timing: False to check accuracy only (bisection): the result has no times (NaN).
         applications: True to list every application the passes made in the result.
+        node: measure on this node (its Ray node id or host name as ``EvalResult.node`` gives
+            it); empty for any. The sweep pins its baseline measurements to each node so that
+            every trial has a baseline from the node that measured it.
     """
 
     trial: int
@@ -57,6 +89,7 @@ class EvalRequest:
     deny: Deny = ()
     timing: bool = True
     applications: bool = False
+    node: str = ""
 
     def key(self) -> str:
         return request_key(self.config, self.deny)
@@ -137,6 +170,12 @@ class EvalResult:
 
     @staticmethod
     def failure(
-        trial: int, config: FusionConfig, message: str, node: str = "", program_hash: str = "", deny: Deny = ()
+        trial: int,
+        config: FusionConfig,
+        message: str,
+        node: str = "",
+        program_hash: str = "",
+        deny: Deny = (),
+        status: EvalStatus = EvalStatus.RUN_FAILED,
     ) -> EvalResult:
-        return EvalResult(trial, request_key(config, deny), program_hash, FAILED, message, node=node)
+        return EvalResult(trial, request_key(config, deny), program_hash, status, message, node=node)
