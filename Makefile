@@ -12,7 +12,7 @@ SPACE ?= search_spaces/transformer_block.toml
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,plots]'
+	$(BIN)/python -m pip install -q -e '.[test,plots,postgres]'
 	touch $(STAMP)
 
 setup: $(STAMP)
