@@ -2,7 +2,9 @@
 
 Follows ``timeit`` and TVM's ``time_evaluator``: a sample times a batch of calls with one clock
 read on each side, so clock overhead is amortized when one call is short; the samples' median is
-the figure of merit and their spread (IQR, CV) says how much to trust it.
+the figure of merit, its confidence interval and the samples' spread (IQR, CV) say how much to
+trust it. :func:`time_callable` is the single-shot primitive; :func:`fusiontune.measure.time_stable`
+repeats a measurement whose spread is too wide and flags it (:mod:`fusiontune.measure.noise`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from fusiontune.measure.stats import median_ci
 
 # An estimate of one call below this is clock noise; it would ask for an unbounded `number`.
 _MIN_CALL_ESTIMATE_S = 1e-6
@@ -38,8 +42,19 @@ class MeasureConfig:
        ``flush_cache``, before each sample a buffer larger than the last-level cache (twice its
        size, at most 1 GiB) is written, outside the timed region.
 
-    Total calls: ``max(warmup, 1 if min_repeat_ms > 0 else 0) + number_effective * repeat``.
-    The garbage collector is paused during each sample.
+    Total calls of one measurement: ``max(warmup, 1 if min_repeat_ms > 0 else 0) +
+    number_effective * repeat``. The garbage collector is paused during each sample.
+
+    4. Noise (:func:`fusiontune.measure.time_stable`, used by ``run``, the tuning loop, the
+       confirmation and the benchmarks; :func:`fusiontune.measure.time_callable` alone makes one
+       measurement): a measurement is too wide when its samples' CV exceeds ``max_cv`` or its IQR
+       exceeds ``max_iqr`` times its median. A too-wide measurement is taken again, steps 1-3
+       whole, up to ``retries`` more times (so at most ``retries + 1`` times the calls above);
+       the first one within both limits is kept, else the one with the smallest spread, flagged
+       ``noisy``.
+
+    The noise defaults follow pyperf, which warns when the standard deviation is above 10% of the
+    mean; on a quiet machine a kernel of a millisecond or more stays well below both.
 
     Attributes:
         warmup: untimed calls before the samples.
@@ -47,6 +62,9 @@ class MeasureConfig:
         repeat: timed samples.
         min_repeat_ms: minimum duration of one sample; raises ``number``. 0 keeps ``number``.
         flush_cache: evict the caches before each sample (cold-cache timing).
+        max_cv: the widest coefficient of variation (std / mean of the samples) that is not noise.
+        max_iqr: the widest IQR, as a fraction of the median, that is not noise.
+        retries: how many times a too-wide measurement is taken again before it is flagged.
     """
 
     warmup: int = 2
@@ -54,11 +72,18 @@ class MeasureConfig:
     repeat: int = 7
     min_repeat_ms: float = 0.0
     flush_cache: bool = False
+    max_cv: float = 0.10
+    max_iqr: float = 0.10
+    retries: int = 2
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.number < 1 or self.repeat < 1 or self.min_repeat_ms < 0:
             raise ValueError(
                 f"MeasureConfig needs warmup >= 0, number >= 1, repeat >= 1, min_repeat_ms >= 0; got {self}"
+            )
+        if not (self.max_cv > 0 and self.max_iqr > 0) or self.retries < 0:
+            raise ValueError(
+                f"MeasureConfig needs max_cv > 0, max_iqr > 0, retries >= 0; got {self}"
             )
 
 
@@ -74,6 +99,11 @@ class Timing:
         min_s: fastest sample, seconds per call.
         number: calls per sample (after any raise by ``min_repeat_ms``).
         repeat: number of samples.
+        ci_low_s: low end of the 95% confidence interval of the median (:func:`median_ci`).
+        ci_high_s: high end of that interval.
+        noisy: the spread is still too wide after the retries (``MeasureConfig.max_cv``,
+            ``max_iqr``); False when it was never judged (:func:`time_callable` alone).
+        attempts: how many measurements were taken; these figures are those of one of them.
     """
 
     samples_s: tuple[float, ...]
@@ -83,12 +113,23 @@ class Timing:
     min_s: float
     number: int
     repeat: int
+    ci_low_s: float = math.nan
+    ci_high_s: float = math.nan
+    noisy: bool = False
+    attempts: int = 1
+
+    @property
+    def iqr_ratio(self) -> float:
+        """The IQR as a fraction of the median (0 when both are 0, NaN when not timed)."""
+        if self.median_s > 0:
+            return self.iqr_s / self.median_s
+        return 0.0 if self.iqr_s == 0 else math.inf if self.iqr_s > 0 else math.nan
 
     @staticmethod
     def not_timed() -> Timing:
-        """No measurement (an accuracy-only check): NaN times, no samples."""
+        """No measurement (an accuracy-only check): NaN times, no samples, no attempt."""
         nan = float("nan")
-        return Timing((), nan, nan, nan, nan, 0, 0)
+        return Timing((), nan, nan, nan, nan, 0, 0, nan, nan, False, 0)
 
     @staticmethod
     def from_samples(samples_s: tuple[float, ...], number: int) -> Timing:
@@ -99,12 +140,13 @@ class Timing:
             number: calls per sample.
 
         Returns:
-            The timing record.
+            The timing record, not judged for noise (one attempt, ``noisy`` False).
         """
         arr = np.asarray(samples_s, dtype=np.float64)
         q25, q50, q75 = np.percentile(arr, [25, 50, 75])
         mean = float(arr.mean())
         cv = float(arr.std() / mean) if mean > 0 else 0.0
+        low, high = median_ci(arr)
         return Timing(
             tuple(float(s) for s in arr),
             float(q50),
@@ -113,6 +155,8 @@ class Timing:
             float(arr.min()),
             number,
             len(arr),
+            low,
+            high,
         )
 
 
@@ -126,7 +170,7 @@ class Runnable(Protocol):
 
 
 def time_callable(fn: Callable[[], Any], cfg: MeasureConfig = MeasureConfig()) -> Timing:
-    """Time ``fn()`` following ``cfg`` (see :class:`MeasureConfig` for the exact calls).
+    """Time ``fn()`` once following ``cfg`` (steps 1-3 of :class:`MeasureConfig`); no retry.
 
     Args:
         fn: a callable taking no arguments.

@@ -4,8 +4,9 @@ A sweep's measurements come from different workers at different times; the ranki
 is within their noise. The confirmation stage takes the top k feasible configurations (one per
 distinct program) and the registry defaults, builds each program once in this process, and times
 them round-robin (each round times every candidate once, starting one further along each round),
-so that drift and interference hit all of them alike. Each gets the median of its samples and a
-95% confidence interval of that median (distribution-free: order statistics of the binomial).
+so that drift and interference hit all of them alike (:func:`fusiontune.measure.time_interleaved`:
+too wide a spread is measured again, then flagged). Each gets the median of its samples and a
+95% confidence interval of that median (distribution-free: :func:`fusiontune.measure.median_ci`).
 A winner is named only when its interval lies entirely below the defaults' interval; otherwise
 the defaults are recommended.
 
@@ -16,23 +17,40 @@ by running the job again.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import optuna
 from optuna.trial import TrialState
 
 from fusiontune.config.fusion_config import FusionConfig
-from fusiontune.measure import MeasureConfig, compare, metric_value, time_callable
+from fusiontune.measure import (
+    CONFIDENCE,
+    MIN_SAMPLE_S,
+    describe_noise,
+    measure_interleaved,
+    median_ci,
+    metric_value,
+    time_interleaved,
+)
 from fusiontune.workloads import Workload
 from fusiontune.workloads.space import SearchSpace, config_from_params
 
-CONFIDENCE = 0.95
-# A sample shorter than this is mostly clock and loop overhead: batch calls up to it.
-MIN_SAMPLE_S = 1e-3
+# Re-exported: the confirmation's statistics live in fusiontune.measure.
+__all__ = [
+    "CONFIDENCE",
+    "MIN_SAMPLE_S",
+    "Candidate",
+    "ConfirmedRow",
+    "confirm",
+    "confirmation_record",
+    "decide",
+    "format_confirmation",
+    "measure_interleaved",
+    "median_ci",
+    "select_candidates",
+]
 
 
 @dataclass(frozen=True)
@@ -49,7 +67,12 @@ class Candidate:
 
 @dataclass(frozen=True)
 class ConfirmedRow:
-    """One candidate's confirmation figures."""
+    """One candidate's confirmation figures.
+
+    ``noisy`` is set when its samples stayed too wide after the retries
+    (:func:`fusiontune.measure.time_interleaved`); ``noise`` then says so in one line
+    (:func:`fusiontune.measure.describe_noise`).
+    """
 
     candidate: Candidate
     samples_s: tuple[float, ...]
@@ -58,34 +81,8 @@ class ConfirmedRow:
     ci_high_s: float
     error: float
     feasible: bool
-
-
-def median_ci(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """A distribution-free confidence interval of the median, from order statistics.
-
-    With ``n`` samples, the number below the true median is Binomial(n, 1/2); the interval
-    ``[x_(j), x_(n-j+1)]`` covers the median with probability ``1 - 2 P(B <= j-1)``, and ``j``
-    is the largest index that keeps that at least ``confidence``. Below 6 samples no such ``j``
-    exists and the interval is the full range.
-
-    Args:
-        samples: at least one sample.
-        confidence: the coverage wanted.
-
-    Returns:
-        (low, high).
-    """
-    from scipy.stats import binom
-
-    x = np.sort(np.asarray(samples, dtype=np.float64))
-    n = len(x)
-    tail = (1.0 - confidence) / 2
-    j = 0
-    while j < n // 2 and binom.cdf(j, n, 0.5) <= tail:
-        j += 1
-    if j == 0:
-        return float(x[0]), float(x[-1])
-    return float(x[j - 1]), float(x[n - j])
+    noisy: bool = False
+    noise: str = ""
 
 
 def select_candidates(
@@ -145,50 +142,6 @@ def _candidate(t: optuna.trial.FrozenTrial, space: SearchSpace | None) -> Candid
         _constraint(t) <= 0,
         str(t.user_attrs.get("role", "")),
     )
-
-
-def measure_interleaved(
-    fns: Sequence[Callable[[], Any]],
-    rounds: int,
-    measure: MeasureConfig | None = None,
-    min_sample_s: float = MIN_SAMPLE_S,
-) -> list[tuple[float, ...]]:
-    """Time every callable once per round, round-robin, starting one further along each round.
-
-    Each callable first gets ``max(1, measure.warmup)`` untimed calls; its number of calls per
-    sample is ``measure.number`` raised so that a sample lasts about ``min_sample_s`` (or
-    ``measure.min_repeat_ms``, the larger).
-
-    Args:
-        fns: the callables (programs bound to their inputs).
-        rounds: samples per callable.
-        measure: warmup, number, flush_cache and min_repeat_ms are honoured (default
-            ``MeasureConfig()``).
-        min_sample_s: the shortest sample wanted.
-
-    Returns:
-        Per callable, its samples (seconds per call), in round order.
-    """
-    measure = measure or MeasureConfig()
-    target = max(min_sample_s, measure.min_repeat_ms * 1e-3)
-    numbers = []
-    for fn in fns:
-        for _ in range(max(1, measure.warmup)):
-            fn()
-        t0 = time.perf_counter()
-        fn()
-        one = max(time.perf_counter() - t0, 1e-7)
-        numbers.append(max(measure.number, math.ceil(target / one)))
-    samples: list[list[float]] = [[] for _ in fns]
-    n = len(fns)
-    for r in range(rounds):
-        for j in range(n):
-            i = (r + j) % n
-            cfg = MeasureConfig(
-                warmup=0, number=numbers[i], repeat=1, flush_cache=measure.flush_cache
-            )
-            samples[i].extend(time_callable(fns[i], cfg).samples_s)
-    return [tuple(s) for s in samples]
 
 
 def decide(
@@ -256,8 +209,10 @@ def confirm(
     """Measure the top ``top_k`` configurations and the defaults again, interleaved, here.
 
     Each program is built once in this process (kernels come from the disk cache the workers
-    filled), checked against the reference again, and timed round-robin. The result is stored
-    as the study user attr ``confirmation`` and a table is printed.
+    filled, :func:`fusiontune.tune.evaluate.build_candidate`), checked against the reference
+    again (:func:`fusiontune.tune.evaluate.check_and_time`), and timed round-robin with the
+    noise check (:func:`fusiontune.measure.time_interleaved`). The result is stored as the study
+    user attr ``confirmation`` and a table is printed.
 
     Args:
         study: the tuned study.
@@ -269,10 +224,12 @@ def confirm(
 
     Returns:
         The ``confirmation`` record: rows (trial, config_key, median_s, ci_low_s, ci_high_s,
-        samples, error, feasible), defaults_trial, winner_trial, distinguishable, note.
+        samples, error, feasible, noisy, noise), defaults_trial, winner_trial, distinguishable,
+        note.
     """
-    from fusiontune.passes.pipeline import run_pipeline
-    from fusiontune.runtime import build_program
+    # Read at call time (not imported at module level): building imports numba, and the
+    # report reads this module's table without building anything.
+    from fusiontune.tune import evaluate
 
     top_k = space.top_k if top_k is None else top_k
     rounds = max(15, 2 * space.measure.repeat) if rounds is None else rounds
@@ -281,22 +238,24 @@ def confirm(
     dropped: list[str] = []
     for c in candidates:
         try:
-            program = build_program(run_pipeline(workload.graph, c.config).fused)
-            outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
-            error = metric_value(compare(outputs, workload.reference), space.metric)
+            program = evaluate.build_candidate(workload, c.config).program
+            checked = evaluate.check_and_time(workload, program, space.measure, timing=False)
+            error = metric_value(checked.errors, space.metric)
             program.bind(workload.inputs)
         except Exception as e:  # a program that built on a worker but not here: left out, said why
             dropped.append(f"trial {c.trial} ({type(e).__name__}: {e})")
             continue
         built.append((c, program.execute, error))
-    samples = (
-        measure_interleaved([fn for _, fn, _ in built], rounds, space.measure) if built else []
-    )
+    timings = time_interleaved([fn for _, fn, _ in built], rounds, space.measure) if built else []
     rows = []
-    for (c, _, error), s in zip(built, samples, strict=True):
-        low, high = median_ci(s)
+    for (c, _, error), t in zip(built, timings, strict=True):
         ok = c.feasible and math.isfinite(error) and error <= space.bound
-        rows.append(ConfirmedRow(c, s, float(np.median(s)), low, high, error, ok))
+        noise = describe_noise(t) if t.noisy else ""
+        rows.append(
+            ConfirmedRow(
+                c, t.samples_s, t.median_s, t.ci_low_s, t.ci_high_s, error, ok, t.noisy, noise
+            )
+        )
     winner, distinguishable, note = decide(rows, defaults_trial)
     if dropped:
         note += f"; could not be rebuilt here: {', '.join(dropped)}"
@@ -326,6 +285,8 @@ def confirmation_record(
                 "error": r.error if math.isfinite(r.error) else None,
                 "feasible": r.feasible,
                 "role": r.candidate.role,
+                "noisy": r.noisy,
+                "noise": r.noise,
             }
             for r in sorted(rows, key=lambda r: r.median_s)
         ],
@@ -360,6 +321,8 @@ def format_confirmation(record: Mapping[str, Any]) -> str:
             tag = "winner"
         if not r.get("feasible", True):
             tag = (tag + " !bound").strip()
+        if r.get("noisy"):
+            tag = (tag + " noisy").strip()
         ci = f"[{format_seconds(r['ci_low_s'])}, {format_seconds(r['ci_high_s'])}]"
         speed = f"{base['median_s'] / r['median_s']:.2f}x" if base else "-"
         median = format_seconds(r["median_s"])
@@ -372,5 +335,8 @@ def format_confirmation(record: Mapping[str, Any]) -> str:
             f"{r['samples']:>7}",
         )
         lines.append("  " + "  ".join(cells))
+    for r in rows:
+        if r.get("noisy"):
+            lines.append(f"  trial {r['trial']}: {r['noise']}")
     lines.append(f"  {record['note']}")
     return "\n".join(lines)

@@ -1,7 +1,11 @@
 """Evaluate one configuration in this process: fuse, fingerprint, compile, check, time.
 
-This is the body every embedded evaluator runs (in process, or inside a Ray actor). Anything that
-goes wrong for the candidate becomes a failed :class:`EvalResult`.
+This is the body every embedded evaluator runs (in process, or inside a Ray actor), and the one
+build/check/time path of ``fusiontune run``, the confirmation and the benchmarks:
+:func:`build_candidate` fuses and compiles, :func:`check_and_time` compares the outputs with the
+float64 reference and times the program with the noise check of
+:func:`fusiontune.measure.time_stable`. In the tuning loop anything that goes wrong for the
+candidate becomes a failed :class:`EvalResult`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import numpy as np
 from fusiontune.codegen.plan import group_sources
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.graph import Graph
-from fusiontune.measure import MeasureConfig, Timing, compare, time_callable
+from fusiontune.measure import ErrorMetrics, MeasureConfig, Timing, compare, time_stable
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.runtime import Program, build_program
@@ -61,6 +65,53 @@ def build_candidate(workload: Workload, config: FusionConfig, deny: Deny = ()) -
     return Candidate(config, pipeline, build_program(pipeline.fused), phash, deny)
 
 
+@dataclass(frozen=True)
+class CheckResult:
+    """A program run once against the reference, then (unless asked not to) timed.
+
+    Attributes:
+        outputs: the program's outputs by name (copies, float32 as computed).
+        errors: the outputs against the workload's float64 reference.
+        timing: the noise-checked timing, or :meth:`Timing.not_timed`.
+    """
+
+    outputs: Mapping[str, np.ndarray]
+    errors: ErrorMetrics
+    timing: Timing
+
+
+def check_and_time(
+    workload: Workload, program: Program, measure: MeasureConfig, *, timing: bool = True
+) -> CheckResult:
+    """Check ``program`` against the float64 reference, then time it (the measure phase's body).
+
+    Correctness is checked first; the program is timed whatever its error (the runtime/error
+    front needs it). Timing binds the program to ``workload.inputs`` and runs
+    :func:`fusiontune.measure.time_stable` on ``program.execute``: a measurement too wide for
+    ``measure.max_cv`` / ``measure.max_iqr`` is taken again up to ``measure.retries`` times, then
+    flagged ``noisy``.
+
+    Args:
+        workload: the inputs and the reference outputs.
+        program: a compiled program of ``workload.graph``.
+        measure: the timing protocol and its noise limits.
+        timing: False checks accuracy only; the timing is then :meth:`Timing.not_timed`.
+
+    Returns:
+        The outputs, their errors and the timing.
+
+    Raises:
+        Exception: whatever running the program raises (the caller decides what a failure is).
+    """
+    outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
+    errors = compare(outputs, workload.reference)
+    times = Timing.not_timed()
+    if timing:
+        program.bind(workload.inputs)
+        times = time_stable(program.execute, measure)
+    return CheckResult(outputs, errors, times)
+
+
 def measure_candidate(
     workload: Workload,
     candidate: Candidate,
@@ -83,18 +134,14 @@ def measure_candidate(
     """
     node = node or socket.gethostname()
     program = candidate.program
-    times = Timing.not_timed()
     try:
-        outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
-        errors = compare(outputs, workload.reference)
-        if timing:
-            program.bind(workload.inputs)
-            times = time_callable(program.execute, measure)
+        checked = check_and_time(workload, program, measure, timing=timing)
     except Exception as exc:  # a candidate's failure is a value, not a crash of the sweep
         failed = EvalResult.failure(
             trial, candidate.config, _reason(exc), node, candidate.program_hash, candidate.deny
         )
         return replace(failed, extra=dict(extra or {}))
+    errors, times = checked.errors, checked.timing
     fusion: dict[str, tuple[int, int]] = {}
     for s in candidate.pipeline.report.stats:
         m, e = fusion.get(s.pass_name, (0, 0))

@@ -580,7 +580,16 @@ class _Loader:
             flush_cache=self.boolean(
                 table.get("flush_cache", d.flush_cache), "measure.flush_cache"
             ),
+            max_cv=self.positive(table.get("max_cv", d.max_cv), "measure.max_cv"),
+            max_iqr=self.positive(table.get("max_iqr", d.max_iqr), "measure.max_iqr"),
+            retries=self.integer(table.get("retries", d.retries), "measure.retries"),
         )
+
+    def positive(self, value: object, key: str) -> float:
+        number = self.number(value, key)
+        if number == 0:
+            self.fail(key, f"must be > 0, got {value}")
+        return number
 
     def workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int], OnnxSource | None]:
         if "onnx" in table:

@@ -151,8 +151,6 @@ def test_confirm_on_a_real_run_stores_the_schema(tuned):
 
 def test_confirm_names_a_clearly_faster_program_the_winner(tuned, monkeypatch):
     """Synthetic programs: the defaults take 3 ms a call, every other configuration 0.3 ms."""
-    import fusiontune.runtime
-
     url, space, workload = tuned
     defaults_key = FusionConfig.from_json(
         optuna.load_study(study_name="c", storage=url).trials[0].user_attrs["config"]
@@ -173,23 +171,11 @@ def test_confirm_names_a_clearly_faster_program_the_winner(tuned, monkeypatch):
 
     built: list[str] = []
 
-    def fake_build(fused):
-        key = fused.graph.name
-        built.append(key)
-        return Synthetic(slow=key == "defaults")
+    def fake_build(workload, config):
+        built.append(config.key())
+        return type("Built", (), {"program": Synthetic(slow=config.key() == defaults_key)})()
 
-    def fake_pipeline(graph, config):
-        class Fused:
-            pass
-
-        fused = Fused()
-        fused.graph = type(
-            "G", (), {"name": "defaults" if config.key() == defaults_key else config.key()}
-        )()
-        return type("P", (), {"fused": fused})()
-
-    monkeypatch.setattr(fusiontune.runtime, "build_program", fake_build)
-    monkeypatch.setattr("fusiontune.passes.pipeline.run_pipeline", fake_pipeline)
+    monkeypatch.setattr("fusiontune.tune.evaluate.build_candidate", fake_build)
     study = optuna.load_study(study_name="c", storage=url)
     record = confirm(study, workload, space, top_k=2, rounds=6, echo=lambda s: None)
     assert record["distinguishable"] is True

@@ -367,7 +367,7 @@ def test_durations_in_the_file() -> None:
         ),
         (
             MINIMAL + "[measure]\nrepet = 7\n",
-            "measure.repet: unknown key (known: warmup, number, repeat, min_repeat_ms, flush_cache)",
+            "measure.repet: unknown key (known: warmup, number, repeat, min_repeat_ms, flush_cache,",
         ),
         (MINIMAL + "[measure]\nrepeat = 0\n", "measure.repeat: must be >= 1, got 0"),
         (
