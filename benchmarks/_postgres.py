@@ -25,7 +25,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +169,9 @@ class PostgresServer:
         return self.url(name)
 
     def _dsn(self, database: str) -> str:
-        return f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname={database} connect_timeout=10"
+        return (
+            f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname={database} connect_timeout=10"
+        )
 
     # ---- the binaries -----------------------------------------------------------------------
     def _initdb(self) -> None:
@@ -198,7 +199,19 @@ class PostgresServer:
         log = self.root / "server.log"
         options = f"-h 127.0.0.1 -p {self.port} -k {self.root} {_SERVER_OPTIONS}"
         proc = self._run(
-            [self.bindir / "pg_ctl", "-D", self.data, "-l", log, "-o", options, "-w", "-t", "60", "start"],
+            [
+                self.bindir / "pg_ctl",
+                "-D",
+                self.data,
+                "-l",
+                log,
+                "-o",
+                options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
             timeout=90,
         )
         if proc.returncode == 0:
@@ -245,18 +258,3 @@ def _unprivileged_user() -> str | None:
 
 def _tail(text: str, lines: int = 6) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
-
-
-def wait_accepting(url_dsn: str, timeout_s: float = 30.0) -> None:
-    """Wait until a server accepts connections (``pg_ctl -w`` already does this; for outside URLs)."""
-    import psycopg
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with psycopg.connect(url_dsn, connect_timeout=5):
-                return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
