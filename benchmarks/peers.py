@@ -10,8 +10,11 @@ of the goals), never timed silently.
 Cases: six subgraphs (a 12-op elementwise chain, Add + LayerNorm, Softmax, MatMul + bias + erf
 GELU, Conv + BN + Relu, attention) and the three models of search_spaces/models/. Timing: every
 peer once per round, in turn, for ``--rounds`` rounds (a sample is raised to >= 5 ms of calls), so
-load from other processes hits every peer alike; the table gives medians, the IQR, the min..max
-range, and each peer's time divided by fusiontune's (> 1: fusiontune is faster). For the
+load from other processes hits every peer alike (fusiontune.measure.time_interleaved: rounds in
+which some peer's spread is too wide are measured again, then that peer is flagged noisy); the
+table gives medians, the IQR, the min..max range, and each peer's time divided by fusiontune's
+(> 1: fusiontune is faster). fusiontune is built, checked and timed by the tuning loop's own path
+(fusiontune.tune.evaluate.build_candidate, check_and_time). For the
 memory-bound subgraphs it gives fusiontune's effective bandwidth (its kernels' least bytes moved
 over its median time) as a share of the copy bandwidth (a parallel numba copy of the same bytes).
 
@@ -200,14 +203,22 @@ class PeerRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _fusiontune(case: Case, graph: Any, config: Any) -> PeerRun:
-    from fusiontune.passes.pipeline import run_pipeline
-    from fusiontune.runtime.program import build_program
+def as_workload(case: Case, graph: Any, reference: dict[str, np.ndarray]) -> Any:
+    """The case as a fusiontune Workload (graph, inputs, float64 reference)."""
+    from fusiontune.workloads import Workload
 
-    program = build_program(run_pipeline(graph, config).fused)
-    outs = {k: np.array(v) for k, v in program.run(case.inputs).items()}
+    return Workload(case.name, graph, case.inputs, reference, case.dims)
+
+
+def _fusiontune(workload: Any, config: Any) -> PeerRun:
+    from fusiontune.measure import MeasureConfig
+    from fusiontune.tune.evaluate import build_candidate, check_and_time
+
+    program = build_candidate(workload, config).program
+    checked = check_and_time(workload, program, MeasureConfig(), timing=False)
+    program.bind(workload.inputs)
     bytes_moved = sum(k.bytes_moved for k in program.kernels)
-    return PeerRun("fusiontune", program.execute, outs, f"{program.kernel_count} kernels", extra={"bytes_moved": bytes_moved, "kernels": program.kernel_count, "compile_s": program.compile_s})
+    return PeerRun("fusiontune", program.execute, dict(checked.outputs), f"{program.kernel_count} kernels", extra={"bytes_moved": bytes_moved, "kernels": program.kernel_count, "compile_s": program.compile_s})
 
 
 def _onnxruntime(case: Case, path: Path, threads: int) -> PeerRun:
@@ -277,10 +288,10 @@ def _numexpr(case: Case, graph: Any) -> PeerRun:
     return PeerRun("numexpr", lambda: ne.evaluate(expr, local_dict=local, out=out), {graph.outputs[0]: out.copy()}, f"{ne.get_num_threads()} threads")
 
 
-def prepare_peers(case: Case, graph: Any, path: Path, config: Any, threads: int, skip: Sequence[str]) -> list[PeerRun]:
+def prepare_peers(case: Case, graph: Any, path: Path, config: Any, threads: int, skip: Sequence[str], reference: dict[str, np.ndarray]) -> list[PeerRun]:
     """Build every peer for ``case``; a peer that is missing or fails becomes a row with a note."""
     makers: dict[str, tuple[str, Callable[[], PeerRun]]] = {
-        "fusiontune": ("fusiontune", lambda: _fusiontune(case, graph, config)),
+        "fusiontune": ("fusiontune", lambda: _fusiontune(as_workload(case, graph, reference), config)),
         "onnxruntime": ("onnxruntime", lambda: _onnxruntime(case, path, threads)),
         "jax": ("jax", lambda: _jax(case, graph)),
         "torch.compile": ("torch", lambda: _torch(case, graph)),
@@ -309,27 +320,13 @@ def prepare_peers(case: Case, graph: Any, path: Path, config: Any, threads: int,
 
 
 # ---- timing ----------------------------------------------------------------------------------
-def calls_per_sample(fn: Callable[[], object], warmup: int) -> int:
-    """Warm up; return how many back-to-back calls make one sample of >= MIN_SAMPLE_S."""
-    best = float("inf")
-    for _ in range(max(warmup, 1)):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return max(1, math.ceil(MIN_SAMPLE_S / max(best, 1e-6)))
-
-
 def interleaved_rounds(fns: dict[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, Any]:
-    """Every callable once per round, in turn (a sample is ``number`` calls); Timing per name."""
-    from fusiontune.measure import MeasureConfig, Timing, time_callable
+    """Every callable once per round, round-robin (fusiontune.measure.time_interleaved, a sample
+    >= MIN_SAMPLE_S of calls, too wide a spread measured again then flagged); Timing per name."""
+    from fusiontune.measure import MeasureConfig, time_interleaved
 
-    numbers = {name: calls_per_sample(fn, warmup) for name, fn in fns.items()}
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            one = MeasureConfig(warmup=0, number=numbers[name], repeat=1)
-            samples[name].append(time_callable(fn, one).median_s)
-    return {name: Timing.from_samples(tuple(s), numbers[name]) for name, s in samples.items()}
+    timings = time_interleaved(list(fns.values()), rounds, MeasureConfig(warmup=warmup), MIN_SAMPLE_S)
+    return dict(zip(fns, timings, strict=True))
 
 
 # ---- the sweep -------------------------------------------------------------------------------
@@ -337,10 +334,10 @@ def sweep_config(graph: Any, inputs: dict[str, np.ndarray], reference: dict[str,
     """The fastest configuration with max_rel <= bound among defaults, all-off, the defaults with
     each inexact pass on, and ``n`` random points."""
     from fusiontune.config.fusion_config import FusionConfig
-    from fusiontune.measure import MeasureConfig, compare, time_callable
-    from fusiontune.passes.pipeline import run_pipeline
+    from fusiontune.measure import MeasureConfig
     from fusiontune.passes.registry import switchable_passes
-    from fusiontune.runtime.program import build_program
+    from fusiontune.tune.evaluate import build_candidate, check_and_time
+    from fusiontune.workloads import Workload
 
     rng = np.random.default_rng(seed)
     passes = switchable_passes()
@@ -360,16 +357,16 @@ def sweep_config(graph: Any, inputs: dict[str, np.ndarray], reference: dict[str,
         candidates.append((f"random{i}", FusionConfig.resolve(explicit=switches, split_points=splits, source="--sweep")))
     log, best = [], (float("inf"), candidates[0][1])
     measure = MeasureConfig(warmup=1, repeat=5, min_repeat_ms=MIN_SAMPLE_S * 1000)
+    workload = Workload("sweep", graph, inputs, reference, {})
     for label, config in candidates:
         try:
-            program = build_program(run_pipeline(graph, config).fused)
-            err = compare({k: np.array(v) for k, v in program.run(inputs).items()}, reference).max_rel
-            program.bind(inputs)
-            t = time_callable(program.execute, measure).median_s
+            program = build_candidate(workload, config).program
+            checked = check_and_time(workload, program, measure)
         except Exception as exc:
             log.append({"label": label, "error": f"{type(exc).__name__}: {exc}"[:200]})
             continue
-        log.append({"label": label, "median_s": t, "max_rel": err, "kernels": program.kernel_count, "feasible": err <= bound})
+        err, t = checked.errors.max_rel, checked.timing.median_s
+        log.append({"label": label, "median_s": t, "max_rel": err, "kernels": program.kernel_count, "feasible": err <= bound, "noisy": checked.timing.noisy})
         if err <= bound and t < best[0]:
             best = (t, config)
     return best[1], log
@@ -392,9 +389,16 @@ def table_lines(case: Case, runs: list[PeerRun], bw: dict[str, Any] | None) -> l
         t = r.timing
         ratio = "-" if ft is None else f"{t.median_s / ft.timing.median_s:.2f}x"
         flag = " **WRONG**" if r.wrong else ""
+        note = f"{r.note}; **noisy**" if t.noisy else r.note
         lines.append(
-            f"| {r.peer} | {_ms(t.median_s)} | {_ms(t.iqr_s)} | {_ms(min(t.samples_s))}..{_ms(max(t.samples_s))} | {ratio} | {r.max_rel:.1e}{flag} | {r.note} |"
+            f"| {r.peer} | {_ms(t.median_s)} | {_ms(t.iqr_s)} | {_ms(min(t.samples_s))}..{_ms(max(t.samples_s))} | {ratio} | {r.max_rel:.1e}{flag} | {note} |"
         )
+    noisy = [r for r in runs if r.timing is not None and r.timing.noisy]
+    if noisy:
+        from fusiontune.measure import describe_noise
+
+        lines.append("")
+        lines += [f"{r.peer}: {describe_noise(r.timing)}" for r in noisy]
     if bw is not None:
         lines.append("")
         lines.append(
@@ -462,7 +466,7 @@ def bench_case(name: str, args: argparse.Namespace, base_config: Any, threads: i
     config, sweep_log, mode = base_config, None, args.mode
     if args.sweep:
         config, sweep_log = sweep_config(graph, case.inputs, reference, max(5 * floor, 1e-4), args.sweep)
-    runs = prepare_peers(case, graph, path, config, threads, args.skip or ())
+    runs = prepare_peers(case, graph, path, config, threads, args.skip or (), reference)
     for r in runs:
         if r.outputs is not None:
             try:
@@ -501,7 +505,11 @@ def bench_case(name: str, args: argparse.Namespace, base_config: Any, threads: i
         "peers": {
             r.peer: {
                 "note": r.note, "max_rel": r.max_rel, "wrong": r.wrong, **r.extra,
-                **({} if r.timing is None else {"median_s": r.timing.median_s, "iqr_s": r.timing.iqr_s, "number": r.timing.number, "samples_s": list(r.timing.samples_s)}),
+                **({} if r.timing is None else {
+                    "median_s": r.timing.median_s, "iqr_s": r.timing.iqr_s, "cv": r.timing.cv, "ci_low_s": r.timing.ci_low_s,
+                    "ci_high_s": r.timing.ci_high_s, "noisy": r.timing.noisy, "attempts": r.timing.attempts,
+                    "number": r.timing.number, "samples_s": list(r.timing.samples_s),
+                }),
             }
             for r in runs
         },
@@ -573,7 +581,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         base, args.mode = load_config(args.config), f"config {args.config.name}"
     else:
         base, args.mode = FusionConfig.defaults(), (f"best of a {args.sweep}-point sweep" if args.sweep else "defaults")
-    info, vers = machine_info(), versions()
+    from fusiontune.measure import MeasureConfig
+
+    info, vers, noise = machine_info(), versions(), MeasureConfig()
     load_start = os.getloadavg()
     header = [
         "# fusiontune vs peers",
@@ -583,7 +593,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"- machine: {info['cpu_model']}, {info['cpu_count']} logical CPUs ({info['cpus_usable']} usable), {platform.platform()}",
         f"- threads: {threads} for every peer (numba, onnxruntime intra-op without spin-waiting, torch, numexpr; JAX/XLA uses its own pool over the usable CPUs)",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()),
-        f"- fusiontune configuration: {args.mode}; rounds: {args.rounds} interleaved, a sample >= {MIN_SAMPLE_S * 1e3:.0f} ms of calls",
+        f"- fusiontune configuration: {args.mode}; rounds: {args.rounds} interleaved, a sample >= {MIN_SAMPLE_S * 1e3:.0f} ms of calls;"
+        f" rounds in which a peer's CV exceeds {noise.max_cv:.2f} or its IQR {noise.max_iqr:.0%} of its median are measured again"
+        f" (at most {noise.retries} times), then the peer is flagged **noisy**",
         f"- loadavg at start: {' '.join(f'{v:.2f}' for v in load_start)}",
         "- peer / fusiontune: the peer's median time over fusiontune's (> 1: fusiontune is faster). max_rel: against the float64 interpreter;"
         " a peer above max(20 x float32 floor, 2e-3) is flagged WRONG and left out of the goals.",

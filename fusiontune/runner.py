@@ -3,7 +3,12 @@
 It prints what a MindSpore or CANN user looks for after a run: the fusion log in CANN's form, the
 kernel count before and after fusion, the median runtime, the error against the float64
 reference (with the float32 unfused floor beside it), the planned peak memory and, for the seeds'
-small networks, the result itself. It writes ``fusion_result.json`` for the run and, with
+small networks, the result itself. A timing whose spread stays too wide after its retries
+(``MeasureConfig.max_cv``, ``max_iqr``, ``retries``) is flagged: one line says so, in the words
+of :func:`fusiontune.measure.describe_noise`, and the speedup against all-off is called
+unreliable. Building, checking and timing go through the tuning loop's own path
+(:func:`fusiontune.tune.evaluate.build_candidate`, :func:`~fusiontune.tune.evaluate.check_and_time`).
+It writes ``fusion_result.json`` for the run and, with
 ``--save-outputs FILE.npz``, the fused program's outputs keyed by output name. An ONNX model runs
 on random inputs, or on the arrays of ``--inputs FILE.npz`` (see
 :mod:`fusiontune.workloads.onnx_model`).
@@ -29,10 +34,19 @@ from fusiontune.config.fusion_result import write_fusion_result
 from fusiontune.config.switch_file import load_config
 from fusiontune.errors import UserError
 from fusiontune.ir.interpreter import run_graph
-from fusiontune.measure import ErrorMetrics, MeasureConfig, Timing, compare, time_callable
+from fusiontune.measure import (
+    ErrorMetrics,
+    MeasureConfig,
+    Timing,
+    compare,
+    describe_noise,
+    noise_ratio,
+    time_interleaved,
+)
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.passes.registry import lookup
-from fusiontune.runtime import Program, build_program
+from fusiontune.runtime import Program
+from fusiontune.tune.evaluate import build_candidate, check_and_time
 from fusiontune.workloads import Workload, make_workload
 from fusiontune.workloads.onnx_model import (
     ONNX_SUFFIX,
@@ -60,7 +74,9 @@ class RunResult:
     outputs: Mapping[str, np.ndarray]
 
 
-def resolve_config(config_file: Path | None, flags: str | None, splits: list[tuple[str, int]]) -> FusionConfig:
+def resolve_config(
+    config_file: Path | None, flags: str | None, splits: list[tuple[str, int]]
+) -> FusionConfig:
     """The configuration of a run: a cfg / best_config.json, or flags, or the defaults; plus splits."""
     split_map: dict[str, int] = {}
     for name, value in splits:
@@ -80,27 +96,42 @@ def resolve_config(config_file: Path | None, flags: str | None, splits: list[tup
     base = parse_flags(flags) if flags else FusionConfig.defaults()
     if not split_map:
         return base
-    return FusionConfig.resolve(explicit=dict(base.switches), split_points={**base.split_points, **split_map}, source="--split")
+    return FusionConfig.resolve(
+        explicit=dict(base.switches),
+        split_points={**base.split_points, **split_map},
+        source="--split",
+    )
 
 
 def run_workload(
-    workload: Workload, config: FusionConfig, measure: MeasureConfig | None = None, dump_dir: Path | None = None
+    workload: Workload,
+    config: FusionConfig,
+    measure: MeasureConfig | None = None,
+    dump_dir: Path | None = None,
 ) -> RunResult:
-    """Fuse, compile, check and time ``workload`` under ``config``."""
+    """Fuse, compile, check and time ``workload`` under ``config`` (the timing noise-checked)."""
     measure = measure or MeasureConfig()
-    pipeline = run_pipeline(workload.graph, config)
+    candidate = build_candidate(workload, config)
+    pipeline, program = candidate.pipeline, candidate.program
     if dump_dir is not None:
         from fusiontune.ir.dump import write_stage_dumps
 
         write_stage_dumps(pipeline.stages, dump_dir)
     before = run_pipeline(workload.graph, FusionConfig.all_off()).fused.kernel_count
-    program = build_program(pipeline.fused)
-    outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
-    error = compare(outputs, workload.reference)
+    checked = check_and_time(workload, program, measure)
     floor = compare(run_graph(workload.graph, workload.inputs, dtype=None), workload.reference)
-    program.bind(workload.inputs)
-    timing = time_callable(program.execute, measure)
-    return RunResult(workload.name, dict(workload.params), config, pipeline, program, before, timing, error, floor, outputs)
+    return RunResult(
+        workload.name,
+        dict(workload.params),
+        config,
+        pipeline,
+        program,
+        before,
+        checked.timing,
+        checked.errors,
+        floor,
+        dict(checked.outputs),
+    )
 
 
 def _fmt_time(seconds: float) -> str:
@@ -123,20 +154,24 @@ def _error_text(e: ErrorMetrics) -> str:
     return f"max_abs {e.max_abs:.3g}  max_rel {e.max_rel:.3g}  rel_l2 {e.rel_l2:.3g}  cosine {e.cosine:.3g}"
 
 
-def _compare_all_off(workload: Workload, program: Program, measure: MeasureConfig) -> tuple[Timing, Timing]:
-    """Time the configured program and the all-off program interleaved (same noise for both)."""
-    off = build_program(run_pipeline(workload.graph, FusionConfig.all_off()).fused)
+def _compare_all_off(
+    workload: Workload, program: Program, measure: MeasureConfig
+) -> tuple[Timing, Timing]:
+    """Time the configured program and the all-off program interleaved (a busy moment hits both).
+
+    ``max(3, measure.repeat)`` rounds of :func:`fusiontune.measure.time_interleaved`; both are
+    measured again when either is too wide, then flagged.
+
+    Returns:
+        (the configured program's timing, the all-off program's timing).
+    """
+    off = build_candidate(workload, FusionConfig.all_off()).program
     off.bind(workload.inputs)
     program.bind(workload.inputs)
-    rounds = max(3, measure.repeat)
-    one = MeasureConfig(warmup=measure.warmup, number=measure.number, repeat=1, min_repeat_ms=measure.min_repeat_ms)
-    a: list[float] = []
-    b: list[float] = []
-    for _ in range(rounds):
-        a.extend(time_callable(program.execute, one).samples_s)
-        b.extend(time_callable(off.execute, one).samples_s)
-    number = max(1, measure.number)
-    return Timing.from_samples(tuple(a), number), Timing.from_samples(tuple(b), number)
+    fused, all_off = time_interleaved(
+        [program.execute, off.execute], max(3, measure.repeat), measure
+    )
+    return fused, all_off
 
 
 def load_run_workload(args: argparse.Namespace) -> Workload:
@@ -152,10 +187,14 @@ def load_run_workload(args: argparse.Namespace) -> Workload:
     inputs = getattr(args, "inputs", None)
     if args.workload.endswith(ONNX_SUFFIX):
         if args.size:
-            raise UserError(f"{args.workload}: --size is for built-in workloads; fix an ONNX model's dimensions with --dim NAME=N or --input-shape NAME=AxB")
+            raise UserError(
+                f"{args.workload}: --size is for built-in workloads; fix an ONNX model's dimensions with --dim NAME=N or --input-shape NAME=AxB"
+            )
         return load_onnx_workload(OnnxSource.make(args.workload, dims, shapes, inputs))
     if dims or shapes or inputs:
-        raise UserError(f"--dim, --input-shape and --inputs are for ONNX models (MODEL{ONNX_SUFFIX}), not the built-in workload {args.workload!r}")
+        raise UserError(
+            f"--dim, --input-shape and --inputs are for ONNX models (MODEL{ONNX_SUFFIX}), not the built-in workload {args.workload!r}"
+        )
     return make_workload(args.workload, **dict(args.size))
 
 
@@ -186,31 +225,49 @@ def run_command(args: argparse.Namespace) -> int:
         drawn = [name for name in workload.graph.inputs if name not in keys]
         if drawn:
             listed = ", ".join(repr(n) for n in drawn)
-            print(f"fusiontune: note: {inputs_file} has no array for input {listed}: drawn at random", file=sys.stderr)
+            print(
+                f"fusiontune: note: {inputs_file} has no array for input {listed}: drawn at random",
+                file=sys.stderr,
+            )
     config = resolve_config(args.config, args.flags, list(args.split))
     measure = MeasureConfig(repeat=args.repeat or 9, min_repeat_ms=5.0)
     t0 = time.perf_counter()
     result = run_workload(workload, config, measure, args.dump_graphs)
-    out_dir = Path(args.out) if getattr(args, "out", None) else Path("results") / f"run_{workload.name}"
+    out_dir = (
+        Path(args.out) if getattr(args, "out", None) else Path("results") / f"run_{workload.name}"
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     fr_path = write_fusion_result(result.pipeline.report, out_dir / "fusion_result.json")
     saved = getattr(args, "save_outputs", None)
     saved_path = save_outputs(saved, result.outputs) if saved else None
-    versus = _compare_all_off(workload, result.program, measure) if getattr(args, "vs_all_off", False) else None
-    record = _record(result, versus, fr_path, args.dump_graphs, time.perf_counter() - t0)
+    versus = (
+        _compare_all_off(workload, result.program, measure)
+        if getattr(args, "vs_all_off", False)
+        else None
+    )
+    record = _record(result, versus, fr_path, args.dump_graphs, time.perf_counter() - t0, measure)
     if inputs_file is not None:
         record["inputs_file"] = str(inputs_file)
         record["random_inputs"] = drawn
     if saved_path is not None:
         record["saved_outputs"] = str(saved_path)
     if args.json:
+        for line in _noise_lines(record):  # the JSON on stdout stays parseable
+            print(line, file=sys.stderr)
         print(json.dumps(record, indent=2))
     else:
         _print_human(result, record)
     return 0
 
 
-def _record(r: RunResult, versus: tuple[Timing, Timing] | None, fr_path: Path, dumps: Path | None, wall: float) -> dict[str, Any]:
+def _record(
+    r: RunResult,
+    versus: tuple[Timing, Timing] | None,
+    fr_path: Path,
+    dumps: Path | None,
+    wall: float,
+    measure: MeasureConfig,
+) -> dict[str, Any]:
     caches = [k.cache for k in r.program.kernels]
     rec: dict[str, Any] = {
         "workload": r.workload,
@@ -227,8 +284,13 @@ def _record(r: RunResult, versus: tuple[Timing, Timing] | None, fr_path: Path, d
         "median_s": r.timing.median_s,
         "iqr_s": r.timing.iqr_s,
         "cv": r.timing.cv,
+        "ci_low_s": r.timing.ci_low_s,
+        "ci_high_s": r.timing.ci_high_s,
         "repeat": r.timing.repeat,
         "number": r.timing.number,
+        "noisy": r.timing.noisy,
+        "attempts": r.timing.attempts,
+        "noise": describe_noise(r.timing) if r.timing.noisy else None,
         "error": r.error.__dict__,
         "float32_floor": r.floor.__dict__,
         "peak_bytes": r.program.peak_bytes,
@@ -240,19 +302,42 @@ def _record(r: RunResult, versus: tuple[Timing, Timing] | None, fr_path: Path, d
         rec["dumps"] = str(dumps)
     if versus is not None:
         fused, off = versus
+        noisy = [t for t in versus if t.noisy]
+        widest = max(noisy, key=lambda t: noise_ratio(t, measure), default=None)
         rec["vs_all_off"] = {
             "fused_median_s": fused.median_s,
             "fused_iqr_s": fused.iqr_s,
+            "fused_ci_low_s": fused.ci_low_s,
+            "fused_ci_high_s": fused.ci_high_s,
+            "fused_noisy": fused.noisy,
             "all_off_median_s": off.median_s,
             "all_off_iqr_s": off.iqr_s,
+            "all_off_ci_low_s": off.ci_low_s,
+            "all_off_ci_high_s": off.ci_high_s,
+            "all_off_noisy": off.noisy,
             "speedup": off.median_s / fused.median_s,
+            "rounds": fused.repeat,
+            "attempts": fused.attempts,
+            "noisy": bool(noisy),
+            "noise": None if widest is None else describe_noise(widest),
         }
     return rec
 
 
+def _noise_lines(rec: Mapping[str, Any]) -> list[str]:
+    """The one-line notes of a record's noisy timings (the run's, then the all-off comparison's)."""
+    lines = [rec["noise"]] if rec["noisy"] else []
+    versus = rec.get("vs_all_off")
+    if versus is not None and versus["noisy"]:
+        lines.append(f"vs all-off: {versus['noise']}; the speedup is unreliable")
+    return lines
+
+
 def _print_human(r: RunResult, rec: dict[str, Any]) -> None:
     sizes = " ".join(f"{k}={v}" for k, v in r.params.items())
-    print(f"workload  {r.workload}  {sizes}  (graph {rec['graph_hash']}, config {rec['config_key']})")
+    print(
+        f"workload  {r.workload}  {sizes}  (graph {rec['graph_hash']}, config {rec['config_key']})"
+    )
     # CANN prints a line per pattern tried; as with `grep -v "matched_times=0"` on a plog, the
     # lines of patterns that never matched are summarized (all of them are in --json).
     stats = r.pipeline.report.stats
@@ -272,16 +357,23 @@ def _print_human(r: RunResult, rec: dict[str, Any]) -> None:
         f"runtime   median {_fmt_time(r.timing.median_s)}  (IQR {_fmt_time(r.timing.iqr_s)},"
         f" {r.timing.repeat} x {r.timing.number} calls)"
     )
+    if rec["noisy"]:
+        print(rec["noise"])
     print(f"error     {_error_text(r.error)}  (vs float64 reference)")
     print(f"floor     {_error_text(r.floor)}  (float32 unfused interpreter)")
-    print(f"memory    planned peak {_fmt_bytes(rec['peak_bytes'])} (without buffer reuse {_fmt_bytes(rec['naive_bytes'])})")
+    print(
+        f"memory    planned peak {_fmt_bytes(rec['peak_bytes'])} (without buffer reuse {_fmt_bytes(rec['naive_bytes'])})"
+    )
     if "vs_all_off" in rec:
         v = rec["vs_all_off"]
         print(
             f"all-off   median {_fmt_time(v['all_off_median_s'])} (IQR {_fmt_time(v['all_off_iqr_s'])}) vs"
             f" {_fmt_time(v['fused_median_s'])} (IQR {_fmt_time(v['fused_iqr_s'])}) interleaved:"
             f" {v['speedup']:.2f}x faster with this configuration"
+            + ("; unreliable, the timing is noisy" if v["noisy"] else "")
         )
+        if v["noisy"]:
+            print(v["noise"])
     for name, arr in r.outputs.items():
         if arr.size <= SMALL_OUTPUT:
             print(f"result {name}: {np.array2string(arr, precision=6, suppress_small=False)}")

@@ -11,7 +11,9 @@ CONFIDENCE = 0.95
 """The coverage of every confidence interval fusiontune reports."""
 
 
-def median_ci(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+def median_ci(
+    samples: Sequence[float] | np.ndarray, confidence: float = CONFIDENCE
+) -> tuple[float, float]:
     """A distribution-free confidence interval of the median, from order statistics.
 
     With ``n`` samples, the number below the true median is Binomial(n, 1/2); the interval
