@@ -376,19 +376,22 @@ class Settings:
 def scenario_kills(s: Settings) -> Row:
     """SIGKILL the driver at ``s.kills`` random points of the sweep, then once in confirmation.
 
-    The points are trial counts drawn without replacement (seeded) over the budget: the driver is
-    killed a random 0-150 ms after the storage holds that many trials (or its run's first new one,
-    when the resumed study already holds more), so the kills spread over the whole sweep whatever
-    the speed of the machine, and land in a measurement, a reuse or the bookkeeping between them.
+    The points are trial counts drawn without replacement (seeded) over the budget, at least
+    3 (``--quick``; else 4) apart: the driver is killed a random 0-150 ms after the storage holds that many
+    trials (or its run's first new one, when the resumed study already holds more), so the kills
+    spread over the whole sweep whatever the speed of the machine, and land in a measurement, a
+    reuse or the bookkeeping between them. The spacing leaves room for the trials a run finishes
+    between reaching its point and the kill, and for the one it loses.
     """
     rng = random.Random(s.seed)
-    budget = 40 if s.quick else 80
+    spacing = 3 if s.quick else 4
+    budget = spacing * (2 * s.kills)  # 60 for 10 kills (--quick), 80 otherwise
     workdir, study = s.root / "kill", "fi_kill"
     s.space(workdir)
     url = f"sqlite:///{workdir / 'results' / study / 'study.db'}"
     launcher = Launcher(workdir, tune_argv(study, budget, 0, None))  # the default storage
     row = Row(f"kill -9 driver x{s.kills} + 1 in confirmation", budget)
-    points = sorted(rng.sample(range(1, budget - 1), min(s.kills, budget - 2)))
+    points = sorted(spacing * n for n in rng.sample(range(1, 2 * s.kills - 1), s.kills))
     kills = 0
     at: list[int] = []
     for point in points:

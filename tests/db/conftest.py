@@ -46,10 +46,13 @@ def postgres_server() -> Iterator[object]:
     except ImportError:
         _unavailable("the psycopg driver is not installed: pip install -e '.[postgres]'")
     helper = load_helper()
+    server, reason = None, ""
     try:
         server = helper.PostgresServer.start()
     except helper.ServerUnavailable as e:
-        _unavailable(str(e))
+        reason = str(e)  # failed or skipped outside the except: one message, no chained traceback
+    if server is None:
+        _unavailable(reason)
     try:
         yield server
     finally:

@@ -33,9 +33,14 @@ DRIVERS = 3
 BUDGET = 12
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 # Each measurement takes a few tens of ms, so the drivers' sweeps overlap after their imports.
-SPACE = (REPO / "tests" / "data" / "tiny_space.toml").read_text().replace(
-    "min_repeat_ms = 0.0", "min_repeat_ms = 20.0"
-).replace('"TbeEltwiseSplitFusionPass.cut" = [0, 2]', '"TbeEltwiseSplitFusionPass.cut" = [0, 1, 2, 3]') + """\
+SPACE = (
+    (REPO / "tests" / "data" / "tiny_space.toml")
+    .read_text()
+    .replace("min_repeat_ms = 0.0", "min_repeat_ms = 20.0")
+    .replace(
+        '"TbeEltwiseSplitFusionPass.cut" = [0, 2]', '"TbeEltwiseSplitFusionPass.cut" = [0, 1, 2, 3]'
+    )
+    + """\
 [search]
 sampler = "tpe"
 trials = 40
@@ -43,6 +48,7 @@ seed = 0
 top_k = 2
 workers = 0
 """
+)
 
 
 # ---- the README's URL ----------------------------------------------------------------------------
@@ -149,16 +155,16 @@ def test_the_drivers_really_shared_the_sweep(shared_sweep: SharedSweep) -> None:
     from fusiontune.tune._storage import DRIVER_ATTR
 
     pids = {d.pid for d in shared_sweep.drivers}
-    askers = Counter(
-        t.system_attrs.get(DRIVER_ATTR, {}).get("pid") for t in shared_sweep.trials()
-    )
+    askers = Counter(t.system_attrs.get(DRIVER_ATTR, {}).get("pid") for t in shared_sweep.trials())
     assert len(set(askers) & pids) >= 2, f"trials per driver pid: {dict(askers)}"
 
 
 def test_the_budget_counts_for_the_study_exactly(shared_sweep: SharedSweep) -> None:
     states = Counter(t.state.name for t in shared_sweep.trials())
     finished = sum(n for s, n in states.items() if TrialState[s] in FINISHED)
-    assert finished == BUDGET, f"{finished} finished trials for a budget of {BUDGET}: {dict(states)}"
+    assert finished == BUDGET, (
+        f"{finished} finished trials for a budget of {BUDGET}: {dict(states)}"
+    )
 
 
 def test_no_trial_is_left_running(shared_sweep: SharedSweep) -> None:
