@@ -112,7 +112,9 @@ class TuneWorker:
     kept by a driver-chosen token between :meth:`build` and :meth:`measure`.
     """
 
-    def __init__(self, workload_name: str | OnnxSource, sizes: Mapping[str, int], hook: FaultHook) -> None:
+    def __init__(
+        self, workload_name: str | OnnxSource, sizes: Mapping[str, int], hook: FaultHook
+    ) -> None:
         import ray
 
         from fusiontune.workloads.onnx_model import load_workload
@@ -185,6 +187,8 @@ class TuneWorker:
 
         The measurement holds this node's measure slot, so no other measurement runs on the
         node: it uses every core, as the deployed model would, not the actor's build share.
+        The result's ``extra`` has ``measure_start`` and ``measure_end``, the wall-clock times
+        (``time.time()``) of this check and timing, inside the slot's hold.
         """
         import numba
 
@@ -194,11 +198,16 @@ class TuneWorker:
         self.hook.fire("measure", request.trial)
         start = time.time()
         result = measure_candidate(
-            self.workload, candidate, measure, request.trial, self.node,
+            self.workload,
+            candidate,
+            measure,
+            request.trial,
+            self.node,
             {"host": self.host, "threads": numba.config.NUMBA_NUM_THREADS},  # type: ignore[attr-defined]
-            timing=request.timing, applications=request.applications,
+            timing=request.timing,
+            applications=request.applications,
         )
-        extra = {**result.extra, "measure_window": [start, time.time()]}
+        extra = {**result.extra, "measure_start": start, "measure_end": time.time()}
         self._limit_threads()
         return dataclasses.replace(result, extra=extra)
 

@@ -7,6 +7,10 @@ and only the result travels back. A task holds one unit of the node's measure sl
 registered units: one by default (a local cluster registers one), as many as it has devices if
 it was started with ``ray start --resources='{"fusiontune_measure_slot": 8}'``.
 
+A request pinned to a node (``EvalRequest.node``, a Ray node id as :meth:`RayCommandEvaluator.nodes`
+lists it) runs there; a task whose node is gone, or that is lost with its node, is a ``worker
+died`` failure, and one that never answers a ``timeout``.
+
 Trial folders use the driver's absolute paths (``results/<study>/trials/<n>/``): on a cluster,
 each node writes them on its own disk unless the folder is shared. The job's command, working
 directory and files must exist at the same paths on every node.
@@ -23,8 +27,9 @@ from typing import Any
 
 from fusiontune.errors import UserError
 from fusiontune.tune._job_process import TERM_GRACE_S
+from fusiontune.tune._ray_cluster import measuring_nodes, start_ray
 from fusiontune.tune._ray_worker import MEASURE_SLOT, import_ray, one_line
-from fusiontune.tune.records import EvalRequest, EvalResult
+from fusiontune.tune.records import EvalRequest, EvalResult, EvalStatus
 from fusiontune.workloads.target import CommandTarget
 
 _MARGIN_S = 120.0  # beyond the job's own limits, before the driver gives up on a task
@@ -70,8 +75,6 @@ class RayCommandEvaluator:
         address: str | None = None,
         term_grace_s: float = TERM_GRACE_S,
     ) -> None:
-        from fusiontune.tune.ray_evaluator import start_ray
-
         if workers < 1:
             raise UserError(f"--workers {workers}: Ray needs at least 1 (0 runs the job here)")
         self.target = target
@@ -80,40 +83,86 @@ class RayCommandEvaluator:
         self.term_grace_s = term_grace_s
         self._ray = import_ray()
         self._owns_ray = start_ray(address, workers)
-        slots = sum(
-            n["Resources"].get(MEASURE_SLOT, 0) for n in self._ray.nodes() if n.get("Alive")
-        )
-        if not slots:
+        if not self.nodes():
             self.close()
             raise UserError(
                 f"no node of the Ray cluster has the {MEASURE_SLOT} resource: start each node with "
                 f"`ray start ... --resources='{{\"{MEASURE_SLOT}\": 1}}'`"
             )
 
+    def nodes(self) -> list[str]:
+        """The nodes that run jobs: the Ray node id of every alive node with the measure slot.
+
+        Each id is what ``EvalResult.node`` records for a job run there, and what
+        ``EvalRequest.node`` takes to pin a request to that node.
+        """
+        return sorted(measuring_nodes())
+
     def evaluate(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
         """One result per request, in order; a task that is lost or overruns is a failed result."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         ray = self._ray
         task = _trial_task()
-        refs = [
-            task.remote(self.target, r, str(self.base_dir / str(r.trial)), self.term_grace_s)
-            for r in requests
-        ]
+        nodes = set(self.nodes()) if any(r.node for r in requests) else set()
+        refs: list[Any] = []
+        for r in requests:
+            if r.node and r.node not in nodes:
+                refs.append(None)
+                continue
+            pinned = task
+            if r.node:
+                # soft=False: a node that leaves fails the task instead of moving it elsewhere
+                strategy = NodeAffinitySchedulingStrategy(r.node, soft=False)
+                pinned = task.options(scheduling_strategy=strategy)
+            trial_dir = str(self.base_dir / str(r.trial))
+            refs.append(pinned.remote(self.target, r, trial_dir, self.term_grace_s))
         per_task = (self.target.timeout_s + self.term_grace_s + 5.0) * self.target.repeats
         limit = per_task * max(1, len(requests)) + _MARGIN_S
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=limit)
+        submitted = [ref for ref in refs if ref is not None]
+        ready, _ = ray.wait(submitted, num_returns=len(submitted), timeout=limit)
         done = set(ready)
         out = []
         for ref, request in zip(refs, requests, strict=True):
+            if ref is None:
+                message = (
+                    f"no node {request.node} with the {MEASURE_SLOT} resource in the Ray cluster"
+                )
+                failed = EvalResult.failure(
+                    request.trial,
+                    request.config,
+                    message,
+                    request.node,
+                    status=EvalStatus.WORKER_DIED,
+                )
+                out.append(failed)
+                continue
             if ref not in done:
                 ray.cancel(ref, force=True)
                 message = f"the Ray task did not answer within {limit:g} s"
-                out.append(EvalResult.failure(request.trial, request.config, message))
+                out.append(
+                    EvalResult.failure(
+                        request.trial,
+                        request.config,
+                        message,
+                        request.node,
+                        status=EvalStatus.TIMEOUT,
+                    )
+                )
                 continue
             try:
                 out.append(ray.get(ref))
             except ray.exceptions.RayError as exc:
-                failed = EvalResult.failure(request.trial, request.config, f"worker died: {one_line(exc)}")
-                out.append(dataclasses.replace(failed, extra={"trial_dir": str(self.base_dir / str(request.trial))}))
+                where = f" on node {request.node}" if request.node else ""
+                failed = EvalResult.failure(
+                    request.trial,
+                    request.config,
+                    f"worker died{where}: {one_line(exc)}",
+                    request.node,
+                    status=EvalStatus.WORKER_DIED,
+                )
+                trial_dir = str(self.base_dir / str(request.trial))
+                out.append(dataclasses.replace(failed, extra={"trial_dir": trial_dir}))
         return out
 
     def close(self) -> None:

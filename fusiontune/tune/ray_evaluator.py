@@ -17,16 +17,21 @@ slot itself; on a cluster each node must be started with it::
     ray start --head --resources='{"fusiontune_measure_slot": 1}'
     ray start --address=HEAD:6379 --resources='{"fusiontune_measure_slot": 1}'
 
-Actors are placed only on nodes that have the slot. An actor that dies, or a request that runs
-past ``trial_timeout_s``, fails that one request with the reason; the actor is replaced, the
-requests whose Programs it held are built again, and the batch goes on.
+Actors are placed only on alive nodes that have the slot. An actor that dies, or a request that
+runs past ``trial_timeout_s``, fails that one request with the reason (``worker died`` naming its
+node, or ``timeout``); the actor is replaced, the requests whose Programs it held are built again,
+and the batch goes on. A node that leaves the cluster takes its actors with it: their requests in
+flight fail as ``worker died``, their replacements go to the remaining nodes, and a batch that no
+node is left to run fails at once, request by request, instead of waiting for one.
+
+A request pinned to a node (``EvalRequest.node``, a Ray node id as :meth:`RayEvaluator.nodes`
+lists it and ``EvalResult.node`` records it) is built and measured by an actor on that node; if
+the pool has no actor there (the node left, or never had one), it fails at once as ``worker died``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusiontune.errors import UserError
 from fusiontune.measure import MeasureConfig
+from fusiontune.tune._ray_cluster import measuring_nodes, start_ray
 from fusiontune.tune._ray_worker import (
     MEASURE_SLOT,
     FaultHook,
@@ -45,80 +51,15 @@ from fusiontune.tune._ray_worker import (
     one_line,
     worker_actor,
 )
-from fusiontune.tune.records import EvalRequest, EvalResult
+from fusiontune.tune.records import EvalRequest, EvalResult, EvalStatus
 
 if TYPE_CHECKING:
     from fusiontune.workloads.onnx_model import OnnxSource
 
 __all__ = ["MEASURE_SLOT", "FaultHook", "RayEvaluator", "TuneWorker", "start_ray"]
 
-OBJECT_STORE_BYTES = 200 << 20
-"""Object store of a local cluster: only configs and results travel, never arrays."""
-
-_PROBE_TIMEOUT_S = 5.0
 _MAX_START_FAILURES = 3
 _MIN_MEASURE_LIMIT_S = 1.0
-
-
-# ---- connecting ----------------------------------------------------------------------------------
-def _probe(address: str) -> None:
-    """Fail fast on an unreachable ``host:port`` (``ray.init`` would retry for minutes)."""
-    if address in ("auto", "local") or "://" in address:
-        return
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise UserError(
-            f"--ray-address {address!r}: expected HOST:PORT, e.g. 10.0.0.5:6379 (as `ray start --head` prints)"
-        )
-    try:
-        socket.create_connection((host, int(port)), timeout=_PROBE_TIMEOUT_S).close()
-    except OSError as exc:
-        raise UserError(
-            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} "
-            f"(start it with `ray start --head --resources='{{\"{MEASURE_SLOT}\": 1}}'`)"
-        ) from None
-
-
-def start_ray(address: str | None, num_cpus: int | None = None) -> bool:
-    """Start a local Ray instance, or join the cluster at ``address``, unless already connected.
-
-    Args:
-        address: None starts a local instance (dashboard off, ``num_cpus`` CPUs, one measure
-            slot, a 200 MB object store); ``HOST:PORT`` or ``auto`` joins a running cluster.
-        num_cpus: CPUs of the local instance (default: ``os.cpu_count()``).
-
-    Returns:
-        True if this call connected (the caller shuts Ray down), False if Ray was already up.
-
-    Raises:
-        UserError: the cluster cannot be reached.
-    """
-    ray = import_ray()
-    if address is not None:
-        _probe(address)
-    if ray.is_initialized():
-        return False
-    quiet = dict(log_to_driver=False, configure_logging=False)
-    if address is None:
-        ray.init(
-            num_cpus=num_cpus or os.cpu_count(),
-            resources={MEASURE_SLOT: 1},
-            include_dashboard=False,
-            object_store_memory=OBJECT_STORE_BYTES,
-            **quiet,
-        )
-        return True
-    try:
-        ray.init(address=address, **quiet)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        # Ray sends its token only where told to: a cluster with token authentication (the
-        # default since Ray 2.5x) refuses a driver that has not set RAY_AUTH_MODE=token.
-        raise UserError(
-            f"cannot join the Ray cluster at {address}: {one_line(exc)} (if it uses token "
-            "authentication, set RAY_AUTH_MODE=token, with the head's token in ~/.ray/auth_token "
-            "or RAY_AUTH_TOKEN)"
-        ) from None
-    return True
 
 
 # ---- the evaluator -------------------------------------------------------------------------------
@@ -176,6 +117,7 @@ class RayEvaluator:
         self.measure = measure
         self.trial_timeout_s = float(trial_timeout_s)
         self.hook = FaultHook.parse(fault_hook)
+        self._start_timeout_s = max(120.0, self.trial_timeout_s)
         self.replaced = 0
         self._ray = import_ray()
         self._token = 0
@@ -190,7 +132,7 @@ class RayEvaluator:
             self._slots = [_Slot(i) for i in range(workers)]
             for slot in self._slots:
                 self._start(slot)
-            self._await_start(timeout_s=max(120.0, self.trial_timeout_s))
+            self._await_start(timeout_s=self._start_timeout_s)
         except BaseException:
             self.close()
             raise
@@ -198,10 +140,13 @@ class RayEvaluator:
     # ---- the protocol --------------------------------------------------------------------
     def evaluate(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
         """One result per request, in request order; a candidate's failure is a failed result."""
+        alive = self._slot_nodes()
         for slot in self._slots:
             if slot.actor is None:  # dropped after failed starts: try again (a node may be back)
                 slot.failures = 0
                 self._start(slot)
+            elif slot.node not in alive:  # its node left since the last batch: so did the actor
+                self._replace(slot)
         results: list[EvalResult | None] = [None] * len(requests)
         todo = list(range(len(requests)))
         while todo:
@@ -228,19 +173,21 @@ class RayEvaluator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
     def nodes(self) -> list[str]:
-        """The node of each live actor, in pool order."""
-        return [s.node for s in self._slots if s.actor is not None]
+        """The nodes that measure: the Ray node id of every alive node with an actor of the pool.
+
+        Each id is what ``EvalResult.node`` records for a measurement there, and what
+        ``EvalRequest.node`` takes to pin a request to that node; in pool order, each once.
+        """
+        alive = self._slot_nodes()
+        return list(
+            dict.fromkeys(s.node for s in self._slots if s.actor is not None and s.node in alive)
+        )
 
     # ---- the pool ------------------------------------------------------------------------
     def _slot_nodes(self) -> dict[str, float]:
         """Alive nodes with a measure slot -> their CPUs."""
-        return {
-            n["NodeID"]: float(n["Resources"].get("CPU", 0.0))
-            for n in self._ray.nodes()
-            if n.get("Alive") and n["Resources"].get(MEASURE_SLOT, 0) >= 1
-        }
+        return measuring_nodes()
 
     def _start(self, slot: _Slot) -> None:
         """Start an actor for ``slot`` on the slot node with the fewest actors per CPU."""
@@ -249,7 +196,7 @@ class RayEvaluator:
         nodes = self._slot_nodes()
         if not nodes:
             slot.actor, slot.starting = None, None
-            slot.last_error = f"no alive node has the {MEASURE_SLOT} resource"
+            slot.last_error = f"no alive node of the Ray cluster has the {MEASURE_SLOT} resource"
             return
         load = Counter(s.node for s in self._slots if s.actor is not None and s is not slot)
         node = min(nodes, key=lambda n: (load[n] / max(nodes[n], 1.0), n))
@@ -303,10 +250,51 @@ class RayEvaluator:
             raise UserError(f"no Ray worker could be started: {self._slots[0].last_error}")
 
     def _fail(
-        self, request: EvalRequest, slot: _Slot, message: str, program_hash: str = ""
+        self,
+        request: EvalRequest,
+        slot: _Slot,
+        message: str,
+        status: EvalStatus,
+        program_hash: str = "",
     ) -> EvalResult:
-        failed = EvalResult.failure(request.trial, request.config, message, slot.node, program_hash, request.deny)
+        failed = EvalResult.failure(
+            request.trial, request.config, message, slot.node, program_hash, request.deny, status
+        )
         return dataclasses.replace(failed, extra={"host": slot.host})
+
+    def _died(self, request: EvalRequest, slot: _Slot, why: str) -> EvalResult:
+        """The failure of a request whose actor died: on its node, or with its node."""
+        if slot.node in self._slot_nodes():
+            message = f"worker died on node {slot.node}: {why}"
+        else:
+            message = f"worker died: node {slot.node} left the Ray cluster ({why})"
+        return self._fail(request, slot, message, EvalStatus.WORKER_DIED)
+
+    def _unplaced(self, request: EvalRequest, message: str) -> EvalResult:
+        """The failure of a request no actor can take (``request.node`` names its node, if any)."""
+        return EvalResult.failure(
+            request.trial,
+            request.config,
+            message,
+            request.node,
+            deny=request.deny,
+            status=EvalStatus.WORKER_DIED,
+        )
+
+    def _drop_unplaceable(
+        self, requests: Sequence[EvalRequest], queue: list[int], results: list[EvalResult | None]
+    ) -> None:
+        """Fail the queued requests pinned to a node where the pool has no actor (not even starting)."""
+        pool = {s.node for s in self._slots if s.actor is not None}
+        lost = [i for i in queue if requests[i].node and requests[i].node not in pool]
+        if not lost:
+            return
+        alive = self._slot_nodes()
+        for i in lost:
+            node = requests[i].node
+            where = "the pool has no actor there" if node in alive else "it left the Ray cluster"
+            results[i] = self._unplaced(requests[i], f"no Ray worker on node {node}: {where}")
+        queue[:] = [i for i in queue if i not in lost]
 
     # ---- phase 1: build ------------------------------------------------------------------
     def _build(
@@ -314,35 +302,47 @@ class RayEvaluator:
     ) -> tuple[dict[int, list[tuple[int, int]]], dict[int, float]]:
         """Build ``todo`` on idle actors. Returns per slot its built (request, token), and build times."""
         ray = self._ray
-        queue = deque(todo)
+        queue = list(todo)
         built: dict[int, list[tuple[int, int]]] = {}
         build_s: dict[int, float] = {}
         running: dict[Any, tuple[_Slot, int, int, float]] = {}
-        while queue or running:
+        while True:
+            self._drop_unplaceable(requests, queue, results)
             busy = {id(v[0]) for v in running.values()}
             for slot in self._slots:
-                if (
-                    queue
-                    and slot.actor is not None
-                    and slot.starting is None
-                    and id(slot) not in busy
-                ):
-                    i = queue.popleft()
-                    self._token += 1
-                    ref = slot.actor.build.remote(self._token, requests[i])
-                    running[ref] = (slot, i, self._token, time.monotonic())
+                if slot.actor is None or slot.starting is not None or id(slot) in busy:
+                    continue
+                # the first queued request this actor may take: any, or one pinned to its node
+                k = next(
+                    (k for k, i in enumerate(queue) if requests[i].node in ("", slot.node)), None
+                )
+                if k is None:
+                    continue
+                i = queue.pop(k)
+                self._token += 1
+                ref = slot.actor.build.remote(self._token, requests[i])
+                running[ref] = (slot, i, self._token, time.monotonic())
+            if not queue and not running:
+                break
             starting = {s.starting: s for s in self._slots if s.starting is not None}
             if not running and not starting:
                 reason = next((s.last_error for s in self._slots if s.last_error), "no live actor")
                 for i in queue:
-                    results[i] = EvalResult.failure(
-                        requests[i].trial, requests[i].config, f"no Ray worker available: {reason}",
-                        deny=requests[i].deny,
+                    results[i] = self._unplaced(requests[i], f"no Ray worker available: {reason}")
+                break
+            if running:
+                deadline = min(t0 + self.trial_timeout_s for *_, t0 in running.values())
+                timeout = max(0.0, deadline - time.monotonic())
+            else:  # only actors starting (replacements): bounded, a start may never be scheduled
+                timeout = self._start_timeout_s
+            done, _ = ray.wait(list(running) + list(starting), num_returns=1, timeout=timeout)
+            if not done and not running:
+                for i in queue:
+                    results[i] = self._unplaced(
+                        requests[i],
+                        f"no Ray worker started within {self._start_timeout_s:g} s",
                     )
                 break
-            deadline = min((t0 + self.trial_timeout_s for *_, t0 in running.values()), default=None)
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            done, _ = ray.wait(list(running) + list(starting), num_returns=1, timeout=timeout)
             for ref in done:
                 if ref in starting:
                     self._started(starting[ref])
@@ -351,12 +351,14 @@ class RayEvaluator:
                 try:
                     phash, _compile_s, error = ray.get(ref)
                 except ray.exceptions.RayError as exc:
-                    results[i] = self._fail(requests[i], slot, f"worker died: {one_line(exc)}")
+                    results[i] = self._died(requests[i], slot, one_line(exc))
                     queue.extend(j for j, _ in built.pop(slot.index, []))
                     self._replace(slot)
                     continue
                 if error:
-                    results[i] = self._fail(requests[i], slot, error, phash)
+                    results[i] = self._fail(
+                        requests[i], slot, error, EvalStatus.BUILD_FAILED, phash
+                    )
                 else:
                     built.setdefault(slot.index, []).append((i, token))
                     build_s[i] = time.monotonic() - t0
@@ -365,7 +367,10 @@ class RayEvaluator:
                 if now - t0 >= self.trial_timeout_s:
                     del running[ref]
                     results[i] = self._fail(
-                        requests[i], slot, f"timed out after {self.trial_timeout_s:g} s (build)"
+                        requests[i],
+                        slot,
+                        f"timed out after {self.trial_timeout_s:g} s (build)",
+                        EvalStatus.TIMEOUT,
                     )
                     queue.extend(j for j, _ in built.pop(slot.index, []))
                     self._replace(slot)
@@ -410,12 +415,15 @@ class RayEvaluator:
                 if outcome.status == "ok":
                     results[i] = outcome.result
                     continue
-                message = (
-                    f"timed out after {self.trial_timeout_s:g} s (measurement)"
-                    if outcome.status == "timeout"
-                    else f"worker died: {outcome.message}"
-                )
-                results[i] = self._fail(requests[i], slot, message)
+                if outcome.status == "timeout":
+                    results[i] = self._fail(
+                        requests[i],
+                        slot,
+                        f"timed out after {self.trial_timeout_s:g} s (measurement)",
+                        EvalStatus.TIMEOUT,
+                    )
+                else:
+                    results[i] = self._died(requests[i], slot, outcome.message)
                 rebuild.extend(j for j, _ in queues[slot.index])
                 queues[slot.index].clear()
                 self._replace(slot)

@@ -18,7 +18,7 @@ from fusiontune.measure import MeasureConfig
 from fusiontune.tune.evaluate import program_hash
 from fusiontune.tune.evaluator import Evaluator, LocalEvaluator
 from fusiontune.tune.ray_evaluator import FaultHook, RayEvaluator
-from fusiontune.tune.records import EvalRequest, EvalResult
+from fusiontune.tune.records import EvalRequest, EvalResult, EvalStatus
 from fusiontune.workloads import make_workload
 
 QUICK = MeasureConfig(warmup=1, number=1, repeat=3)
@@ -82,9 +82,7 @@ def test_ray_evaluator_matches_local_verdicts(
     assert [r.kernels for r in custom_op_ray] == [r.kernels for r in custom_op_local]
     for remote, local in zip(custom_op_ray, custom_op_local, strict=True):
         assert remote.config_key == local.config_key
-        assert remote.errors["max_abs"] == pytest.approx(
-            local.errors["max_abs"], rel=1e-6, abs=1e-12
-        )
+        assert remote.error("max_abs") == pytest.approx(local.error("max_abs"), rel=1e-6, abs=1e-12)
         assert remote.median_s > 0 and len(remote.samples_s) == TIMED.repeat
 
 
@@ -106,7 +104,7 @@ def test_ray_evaluator_never_overlaps_measurements_on_a_node(
     custom_op_ray: list[EvalResult],
 ) -> None:
     # Both actors share the one node (and its one measure slot), so their windows must not overlap.
-    windows = sorted(tuple(r.extra["measure_window"]) for r in custom_op_ray)
+    windows = sorted((r.extra["measure_start"], r.extra["measure_end"]) for r in custom_op_ray)
     assert len({r.node for r in custom_op_ray}) == 1
     assert all(
         start >= prev_end for (_, prev_end), (start, _) in zip(windows, windows[1:], strict=False)
@@ -123,7 +121,7 @@ def test_ray_evaluator_mlp_matches_local(ray_cluster: Any) -> None:
     assert [r.status for r in remote] == [r.status for r in local] == ["ok", "ok"]
     assert [r.program_hash for r in remote] == [r.program_hash for r in local]
     for ours, theirs in zip(remote, local, strict=True):
-        assert ours.errors["rel_l2"] == pytest.approx(theirs.errors["rel_l2"], rel=1e-3, abs=1e-9)
+        assert ours.error("rel_l2") == pytest.approx(theirs.error("rel_l2"), rel=1e-3, abs=1e-9)
 
 
 @pytest.mark.ray
@@ -135,8 +133,8 @@ def test_ray_evaluator_survives_worker_killed_mid_measurement(
         after = evaluator.evaluate(_requests(20)[:2])
         replaced = evaluator.replaced
     assert [r.trial for r in results] == [10, 11, 12, 13]
-    assert [r.status for r in results] == ["ok", "ok", "failed", "ok"]
-    assert results[2].error_msg.startswith("worker died:")
+    assert [r.status for r in results] == ["ok", "ok", EvalStatus.WORKER_DIED, "ok"]
+    assert results[2].error_msg.startswith(f"worker died on node {results[2].node}:")
     assert replaced == 1
     assert [r.status for r in after] == ["ok", "ok"]
 
@@ -150,7 +148,7 @@ def test_ray_evaluator_times_out_a_hung_measurement(
     ) as evaluator:
         results = evaluator.evaluate(_requests(30))
         after = evaluator.evaluate(_requests(40)[:2])
-    assert [r.status for r in results] == ["ok", "failed", "ok", "ok"]
+    assert [r.status for r in results] == ["ok", EvalStatus.TIMEOUT, "ok", "ok"]
     assert results[1].error_msg == "timed out after 5 s (measurement)"
     assert [r.status for r in after] == ["ok", "ok"]
 
@@ -163,7 +161,7 @@ def test_ray_evaluator_times_out_a_hung_build(
         CUSTOM_OP, {}, QUICK, workers=2, trial_timeout_s=5, fault_hook="sleep_in_build_on_trial=50"
     ) as evaluator:
         results = evaluator.evaluate(_requests(50))
-    assert [r.status for r in results] == ["failed", "ok", "ok", "ok"]
+    assert [r.status for r in results] == [EvalStatus.TIMEOUT, "ok", "ok", "ok"]
     assert results[0].error_msg == "timed out after 5 s (build)"
 
 
@@ -185,9 +183,17 @@ def test_bisection_through_ray_names_the_same_culprits_as_in_process(ray_cluster
 
     sizes = {"batch": 1, "seq": 16, "hidden": 32, "heads": 2, "ffn": 64}
     bad, good = default_bad(), FusionConfig.all_off()
-    local = bisect(LocalEvaluator(make_workload("transformer_block", **sizes), QUICK), bad, good, 5e-4, log=print)
+    local = bisect(
+        LocalEvaluator(make_workload("transformer_block", **sizes), QUICK),
+        bad,
+        good,
+        5e-4,
+        log=print,
+    )
     with RayEvaluator("transformer_block", sizes, QUICK, workers=1) as evaluator:
         remote = bisect(evaluator, bad, good, 5e-4, log=print)
     assert [c.to_json() for c in remote.culprits] == [c.to_json() for c in local.culprits]
     assert any(c.applications for c in remote.culprits)  # denied applications reached the actors
-    assert [e.error for e in remote.evaluations] == pytest.approx([e.error for e in local.evaluations])
+    assert [e.error for e in remote.evaluations] == pytest.approx(
+        [e.error for e in local.evaluations]
+    )

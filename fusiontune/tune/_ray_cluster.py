@@ -1,0 +1,95 @@
+"""Connecting to Ray: a local instance for one sweep, or a running cluster; the nodes that measure.
+
+Shared by both Ray evaluators (:mod:`~fusiontune.tune.ray_evaluator`,
+:mod:`~fusiontune.tune.ray_command`). ``ray`` is imported where used.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from fusiontune.errors import UserError
+from fusiontune.tune._ray_worker import MEASURE_SLOT, import_ray, one_line
+
+OBJECT_STORE_BYTES = 200 << 20
+"""Object store of a local cluster: only configs and results travel, never arrays."""
+
+_PROBE_TIMEOUT_S = 5.0
+
+
+# ---- connecting ----------------------------------------------------------------------------------
+def _probe(address: str) -> None:
+    """Fail fast on an unreachable ``host:port`` (``ray.init`` would retry for minutes)."""
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UserError(
+            f"--ray-address {address!r}: expected HOST:PORT, e.g. 10.0.0.5:6379 (as `ray start --head` prints)"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise UserError(
+            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} "
+            f"(start it with `ray start --head --resources='{{\"{MEASURE_SLOT}\": 1}}'`)"
+        ) from None
+
+
+def start_ray(address: str | None, num_cpus: int | None = None) -> bool:
+    """Start a local Ray instance, or join the cluster at ``address``, unless already connected.
+
+    Args:
+        address: None starts a local instance (dashboard off, ``num_cpus`` CPUs, one measure
+            slot, a 200 MB object store); ``HOST:PORT`` or ``auto`` joins a running cluster.
+        num_cpus: CPUs of the local instance (default: ``os.cpu_count()``).
+
+    Returns:
+        True if this call connected (the caller shuts Ray down), False if Ray was already up.
+
+    Raises:
+        UserError: the cluster cannot be reached.
+    """
+    ray = import_ray()
+    if address is not None:
+        _probe(address)
+    if ray.is_initialized():
+        return False
+    quiet = dict(log_to_driver=False, configure_logging=False)
+    if address is None:
+        ray.init(
+            # "local": without it, ray.init joins the cluster last started on this machine
+            # (/tmp/ray/ray_current_cluster), e.g. another user's, instead of starting one.
+            address="local",
+            num_cpus=num_cpus or os.cpu_count(),
+            resources={MEASURE_SLOT: 1},
+            include_dashboard=False,
+            object_store_memory=OBJECT_STORE_BYTES,
+            **quiet,
+        )
+        return True
+    try:
+        ray.init(address=address, **quiet)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        # Ray sends its token only where told to: a cluster with token authentication (the
+        # default since Ray 2.5x) refuses a driver that has not set RAY_AUTH_MODE=token.
+        raise UserError(
+            f"cannot join the Ray cluster at {address}: {one_line(exc)} (if it uses token "
+            "authentication, set RAY_AUTH_MODE=token, with the head's token in ~/.ray/auth_token "
+            "or RAY_AUTH_TOKEN)"
+        ) from None
+    return True
+
+
+def measuring_nodes() -> dict[str, float]:
+    """The alive nodes that have a measure slot: Ray node id -> CPUs.
+
+    The ids are those ``ray.get_runtime_context().get_node_id()`` gives on the node, so the ones
+    ``EvalResult.node`` records and ``EvalRequest.node`` takes.
+    """
+    return {
+        n["NodeID"]: float(n["Resources"].get("CPU", 0.0))
+        for n in import_ray().nodes()
+        if n.get("Alive") and n["Resources"].get(MEASURE_SLOT, 0) >= 1
+    }
