@@ -252,8 +252,9 @@ def test_a_request_pinned_to_a_removed_node_fails_at_once(removal: Removal) -> N
 class RemovesANode:
     """The Ray evaluator, with a node removed as the sweep's first batch of trials starts.
 
-    The batch's first unpinned request is pinned to the node (the node had taken it), so the node
-    is removed while it holds that request: building or measuring it (a measurement lasts 0.4 s).
+    The batch's first unpinned trial is pinned to the node (the node had taken it), so the node
+    is removed while it holds that trial: building or measuring it (a measurement lasts 0.4 s).
+    Requests the sweep pins itself (its baselines, one per node) go through as they are.
     """
 
     def __init__(self, inner: RayEvaluator, machines: Machines, node: Any) -> None:
@@ -268,10 +269,13 @@ class RemovesANode:
     def workers(self) -> int:
         return self.inner.workers
 
+    def nodes(self) -> list[str]:
+        return self.inner.nodes()
+
     def evaluate(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
         requests = list(requests)
         remover = None
-        k = next((k for k, r in enumerate(requests) if not r.node), None)
+        k = next((k for k, r in enumerate(requests) if not r.node and r.trial >= 0), None)
         if self.lost_trial is None and k is not None:
             requests[k] = dataclasses.replace(requests[k], node=self.node.node_id)
             self.lost_trial = requests[k].trial
