@@ -226,7 +226,7 @@ class Evaluation:
             "deny": {p: list(idx) for p, idx in self.deny},
             "error": _num(self.error),
             "verdict": self.verdict,
-            "result": {k: _num(v) if isinstance(v, float) else v for k, v in self.result.to_json().items()},
+            "result": self.result.to_json(),
         }
 
 
@@ -429,8 +429,9 @@ def _step_applications(oracle: Oracle, failing: FusionConfig, change: Change) ->
     if not change.bad:
         return Culprit(change.name, (), 0, "switched off in the bad configuration: no applications to search")
     ev = oracle.ask(failing, f"culprits on, every application of {change.name}"[:60], "applications")
-    apps = {i: nodes for p, i, _pattern, nodes, applied in ev.result.applications if p == change.name and applied}
-    if not ev.result.applications:
+    applications = ev.result.fusion.applications
+    apps = {a.index: a.nodes for a in applications if a.pass_name == change.name and a.applied}
+    if not applications:
         return Culprit(change.name, (), 0, "this evaluator does not report applications: step 2 skipped")
     if not apps:
         return Culprit(change.name, (), 0, f"{change.name} made no application in the failing configuration")

@@ -22,6 +22,8 @@ from fusiontune.bisect import (
 )
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.config.switch_file import load_config
+from fusiontune.measure import ErrorMetrics
+from fusiontune.passes.base import Application, FusionReport
 from fusiontune.passes.registry import PASSES
 from fusiontune.tune.records import OK, EvalRequest, EvalResult
 from fusiontune.tune.replay import ReplayEvaluator
@@ -50,14 +52,14 @@ class Synthetic:
             deny = r.deny_map()
             error = 1e-2 if self.broken(r.config, deny) else 1e-6
             applications = tuple(
-                (p, i, "P", (f"{p}/n{i}",), i not in deny.get(p, frozenset()))
+                Application(p, i, "P", (f"{p}/n{i}",), i not in deny.get(p, frozenset()))
                 for p, on in r.config.switches.items()
                 if on
                 for i in range(self.apps)
             )
-            out.append(
-                EvalResult(r.trial, r.key(), "h", OK, errors={"max_rel": error}, applications=applications)
-            )
+            errors = ErrorMetrics(error, error, error, error, True)
+            fusion = FusionReport((), applications, ())
+            out.append(EvalResult(r.trial, r.key(), "h", OK, errors=errors, fusion=fusion))
         return out
 
     def close(self) -> None:

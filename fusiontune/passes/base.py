@@ -131,6 +131,58 @@ class FusionReport:
     applications: tuple[Application, ...]
     passes_run: tuple[str, ...]
 
+    @staticmethod
+    def empty() -> FusionReport:
+        """No pass ran (a failed build, or a job that reported nothing)."""
+        return FusionReport((), (), ())
+
+    @staticmethod
+    def from_counts(counts: Mapping[str, tuple[int, int]], kinds: Mapping[str, str] | None = None) -> FusionReport:
+        """A report from per-pass ``(matched_times, effected_times)`` (a job's ``fusion_result.json``).
+
+        Each pass gets one stat whose pattern is the pass's name without ``Pass``; its kind comes
+        from ``kinds`` (default ``GraphFusion``).
+        """
+        kinds = kinds or {}
+        stats = tuple(
+            PatternStat(name, kinds.get(name, GRAPH_FUSION), name.removesuffix("Pass"), int(m), int(e))
+            for name, (m, e) in counts.items()
+        )
+        return FusionReport(stats, (), tuple(counts))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stats": [[s.pass_name, s.kind, s.pattern, s.matched_times, s.effected_times] for s in self.stats],
+            "applications": [[a.pass_name, a.index, a.pattern, list(a.nodes), a.applied] for a in self.applications],
+            "passes_run": list(self.passes_run),
+        }
+
+    @staticmethod
+    def from_json(data: Any, applications: Any = ()) -> FusionReport:
+        """A report from :meth:`to_json`; also the first version's ``{pass: [matched, effected]}``
+        with its applications stored beside it."""
+        if not data:
+            data = {}
+        if "stats" not in data:  # the first version: per-pass counts
+            report = FusionReport.from_counts({k: (v[0], v[1]) for k, v in dict(data).items()})
+            data = {"stats": [], "passes_run": list(report.passes_run), "applications": applications}
+            stats = report.stats
+        else:
+            stats = tuple(PatternStat(str(p), str(k), str(pat), int(m), int(e)) for p, k, pat, m, e in data["stats"])
+        apps = tuple(
+            Application(str(p), int(i), str(pat), tuple(nodes), bool(ok))
+            for p, i, pat, nodes, ok in data.get("applications") or ()
+        )
+        return FusionReport(stats, apps, tuple(data.get("passes_run") or ()))
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """Per pass, ``(matched_times, effected_times)`` over its patterns, in execution order."""
+        out: dict[str, tuple[int, int]] = {}
+        for s in self.stats:
+            m, e = out.get(s.pass_name, (0, 0))
+            out[s.pass_name] = (m + s.matched_times, e + s.effected_times)
+        return out
+
     def log_lines(self) -> list[str]:
         return [s.log_line() for s in self.stats]
 

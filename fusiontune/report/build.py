@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from fusiontune.config.fusion_config import FusionConfig, JobPass, job_table
 from fusiontune.config.fusion_result import write_fusion_result
 from fusiontune.config.switch_file import dump_switch_json
 from fusiontune.errors import UserError
-from fusiontune.passes.base import GRAPH_FUSION, FusionReport, PatternStat
+from fusiontune.passes.base import GRAPH_FUSION, FusionReport
 from fusiontune.passes.registry import BY_NAME
 from fusiontune.report import plots
 from fusiontune.report._render import Block, to_html, to_markdown
@@ -38,6 +39,7 @@ from fusiontune.report.tables import (
     baseline_trial,
     command_target,
     default_storage,
+    effective_params,
     fmt_number,
     fmt_seconds,
     fmt_speedup,
@@ -52,6 +54,8 @@ from fusiontune.report.tables import (
     top_rows,
 )
 from fusiontune.tune.records import EvalResult
+from fusiontune.tune.store import Recommendation as StoredRecommendation
+from fusiontune.tune.store import StudyStore, TrialRecord
 
 NOT_DISTINGUISHABLE = (
     "No configuration is distinguishable from the defaults after re-measurement: "
@@ -82,10 +86,9 @@ class _Built:
 
 
 # ---- the recommendation --------------------------------------------------------------------------
-def _trial_config(trial: Any) -> FusionConfig:
-    data = trial.user_attrs.get("config")
-    if data:
-        return FusionConfig.from_json(data, source=f"trial {trial.number} config")
+def _trial_config(trial: TrialRecord) -> FusionConfig:
+    if trial.config is not None:
+        return trial.config
     # An older record without the config attr: the searched params over the registry defaults.
     params = trial.params
     explicit = {c.removeprefix("pass."): params[c] == "on" for c in SWITCH_COLUMNS if c in params}
@@ -115,47 +118,48 @@ def _kind(name: str, config: FusionConfig | None) -> str:
     return BY_NAME[name].kind if name in BY_NAME else GRAPH_FUSION
 
 
-def _trial_result(trial: Any) -> EvalResult | None:
-    data = trial.user_attrs.get("result")
-    return EvalResult.from_json(data) if data else None
-
-
 def choose_recommendation(study: Any, frame: pd.DataFrame) -> Recommendation:
-    """The configuration to take home (see the module docstring for the order of preference).
+    """The configuration to take home: rank 1 of the one ranking (module docstring).
 
     Raises:
         UserError: the confirmation record names a trial the study does not have.
     """
-    confirmation = study.user_attrs.get("confirmation")
+    store = StudyStore(study)
+    conf = store.confirmation()
     number: int | None
-    conf = confirmation if isinstance(confirmation, dict) else None
-    if conf and conf.get("distinguishable") and conf.get("winner_trial") is not None:
-        number = int(conf["winner_trial"])
+    if conf is not None and conf.distinguishable and conf.winner_trial is not None:
+        number = conf.winner_trial
         reason = (
             f"Trial {number} is the winner of the confirmation stage: distinguishable from the "
             "defaults after re-measurement."
         )
     elif conf is not None:
         reason = NOT_DISTINGUISHABLE
-        recorded = conf.get("defaults_trial")
-        number = int(recorded) if recorded is not None else baseline_trial(frame, DEFAULTS)
+        number = conf.defaults_trial if conf.defaults_trial is not None else baseline_trial(frame, DEFAULTS)
         if number is None:
             return Recommendation(None, reason, FusionConfig.defaults(_job_table(study)), None)
     elif not (best := ranked(frame)).empty:
         number, reason = int(best["number"].iloc[0]), NOT_CONFIRMED
     else:
         return Recommendation(None, NO_FEASIBLE, None, None)
-    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    trials = {t.number: t for t in store.trials()}
     if number not in trials:
         raise UserError(
             f"study {study.study_name}: the confirmation names trial {number}, which it does not have"
         )
     trial = trials[number]
-    result = _trial_result(trial)
-    reused = trial.user_attrs.get("reused_from")
-    if (result is None or not result.fusion) and reused is not None and int(reused) in trials:
-        result = _trial_result(trials[int(reused)]) or result
+    result = trial.result
+    reused = trial.reused_from
+    if (result is None or not result.fusion.stats) and reused is not None and reused in trials:
+        result = trials[reused].result or result
     return Recommendation(number, reason, _trial_config(trial), result)
+
+
+def record_recommendation(study: Any, rec: Recommendation) -> None:
+    """Write the recommendation into the study (a user attr optuna-dashboard shows), if it changed."""
+    source = "sweep" if rec.reason == NOT_CONFIRMED else "confirmation"
+    key = rec.config.key() if rec.config is not None else ""
+    StudyStore(study).write_recommendation(StoredRecommendation(rec.trial, key, source, rec.reason))
 
 
 def _write_recommendation(rec: Recommendation, out: Path) -> list[Path]:
@@ -165,19 +169,17 @@ def _write_recommendation(rec: Recommendation, out: Path) -> list[Path]:
     paths[0].write_text(dump_switch_json(rec.config), encoding="utf-8")
     paths[1].write_text(render_flags(rec.config) + "\n", encoding="utf-8")
     paths[2].write_text(json.dumps(rec.config.to_json(), indent=4) + "\n", encoding="utf-8")
-    if rec.result is not None and rec.result.fusion:
-        stats = tuple(
-            PatternStat(name, _kind(name, rec.config), name.removesuffix("Pass"), m, e)
-            for name, (m, e) in rec.result.fusion.items()
-        )
-        report = FusionReport(stats, (), tuple(rec.result.fusion))
+    if rec.result is not None and rec.result.fusion.stats:
+        counts = rec.result.fusion.counts()
+        kinds = {name: _kind(name, rec.config) for name in counts}
+        report = FusionReport.from_counts(counts, kinds)
         paths.append(write_fusion_result(report, out / "fusion_result.json"))
     return paths
 
 
 # ---- the document --------------------------------------------------------------------------------
 def _summary(study: Any, frame: pd.DataFrame) -> list[Block]:
-    attrs = study.user_attrs
+    attrs = StudyStore(study).info().to_json()
     sizes = ", ".join(f"{k}={v}" for k, v in dict(attrs.get("sizes") or {}).items())
     states = frame["state"].value_counts()
     counts = ", ".join(f"{int(n)} {s.lower()}" for s, n in states.items())
@@ -214,40 +216,82 @@ def _summary(study: Any, frame: pd.DataFrame) -> list[Block]:
 
 
 def _confirmation(study: Any, frame: pd.DataFrame) -> list[Block]:
-    conf = study.user_attrs.get("confirmation")
-    if not isinstance(conf, dict):
+    conf = StudyStore(study).confirmation()
+    if conf is None:
         return [("p", "No confirmation stage is recorded (the sweep has not finished).")]
-    by_trial = {int(r["trial"]): r for r in conf.get("rows", [])}
-    defaults = by_trial.get(conf.get("defaults_trial", -1))
+    defaults = conf.row(conf.defaults_trial) if conf.defaults_trial is not None else None
     headers = ["trial", "config", "median", "CI", "samples", "vs defaults", "error", "role"]
     rows = []
-    for number, r in by_trial.items():
-        role = "winner" if number == conf.get("winner_trial") else ""
-        if number == conf.get("defaults_trial"):
+    for r in conf.rows:
+        role = "winner" if r.trial == conf.winner_trial else ""
+        if r.trial == conf.defaults_trial:
             role = ", ".join(filter(None, [role, "defaults"]))
-        speed = defaults["median_s"] / r["median_s"] if defaults and r.get("median_s") else math.nan
+        if r.noisy:
+            role = ", ".join(filter(None, [role, "noisy"]))
+        speed = defaults.median_s / r.median_s if defaults is not None and r.median_s else math.nan
         rows.append(
             [
-                str(number),
-                f"`{r.get('config_key', '')}`",
-                fmt_seconds(r.get("median_s")),
-                f"[{fmt_seconds(r.get('ci_low_s'))}, {fmt_seconds(r.get('ci_high_s'))}]",
-                str(r.get("samples", "")),
+                str(r.trial),
+                f"`{r.config_key}`",
+                fmt_seconds(r.median_s),
+                f"[{fmt_seconds(r.ci_low_s)}, {fmt_seconds(r.ci_high_s)}]",
+                str(r.samples),
                 fmt_speedup(speed),
-                fmt_number(r.get("error")),
+                fmt_number(r.error),
                 role,
             ]
         )
-    blocks: list[Block] = [("table", headers, rows)]
-    if conf.get("winner_trial") is not None and conf.get("distinguishable"):
-        blocks.append(
-            ("p", f"Winner: trial {conf['winner_trial']}, distinguishable from the defaults.")
-        )
+    where = f" on {conf.node}" if conf.node else ""
+    blocks: list[Block] = [
+        ("p", f"Measured again{where}, interleaved in one process, with 95% confidence intervals of the medians."),
+        ("table", headers, rows),
+    ]
+    if conf.winner_trial is not None and conf.distinguishable:
+        blocks.append(("p", f"Winner: trial {conf.winner_trial}, distinguishable from the defaults."))
     else:
         blocks.append(("p", NOT_DISTINGUISHABLE))
-    if conf.get("note"):
-        blocks.append(("p", f"Confirmation note: {conf['note']}"))
+    if conf.note:
+        blocks.append(("p", f"Confirmation note: {conf.note}"))
+    finished = int(frame["state"].isin(["COMPLETE", "FAIL", "PRUNED"]).sum())
+    if 0 <= conf.finished < finished:
+        blocks.append(
+            (
+                "p",
+                f"This confirmation was taken when the study had {conf.finished} finished trials; it"
+                f" has {finished} now: run the sweep to its end (or `fusiontune tune` again) to"
+                " confirm the newer trials.",
+            )
+        )
     return blocks
+
+
+def _baselines(study: Any) -> list[Block]:
+    """The baseline measurements: every speedup is against one of them (same window, same node)."""
+    found = StudyStore(study).baselines()
+    if not found:
+        return [
+            (
+                "p",
+                "This study has no baseline measurements (a study of an earlier version): speedups"
+                " are against its defaults and all-off trials.",
+            )
+        ]
+    rows = []
+    for b in found:
+        when = datetime.fromtimestamp(b.time, tz=UTC).isoformat(timespec="seconds")
+        noisy = ", ".join(n for n, r in (("defaults", b.defaults), ("all-off", b.all_off)) if r.noisy)
+        rows.append(
+            [b.id, b.window, b.node or "-", when, str(b.finished), fmt_seconds(b.defaults_s), fmt_seconds(b.all_off_s), noisy or "-"]
+        )
+    return [
+        (
+            "p",
+            "The defaults and all-off, measured on every node when a sweep (or its resumption)"
+            " starts and again at intervals. Each trial's speedups are against the latest of its"
+            " own window and node (column `baseline` of trials.csv), never across windows.",
+        ),
+        ("table", ["baseline", "window", "node", "time (UTC)", "after trials", "defaults", "all-off", "noisy"], rows),
+    ]
 
 
 def _document(
@@ -259,6 +303,8 @@ def _document(
     importance: dict[str, float] | None,
     method: str,
     searched: list[str],
+    effective: list[str],
+    never: list[str],
 ) -> list[Block]:
     doc: list[Block] = [("h1", f"fusiontune report: {study.study_name}"), *_summary(study, frame)]
     doc += [("h2", "Recommendation"), ("p", rec.reason)]
@@ -276,6 +322,14 @@ def _document(
     doc += [("h2", "Confirmation"), *_confirmation(study, frame)]
     headers, rows = top_rows(frame, 10)
     doc.append(("h2", "Top 10 feasible configurations"))
+    doc.append(
+        (
+            "p",
+            "One order for every table (this one, the terminal's, trials.csv): the recommendation,"
+            " then the other confirmed configurations by their confirmed medians, then the sweep's"
+            " trials by their speedup against their own baseline; column `ranked by` says which.",
+        )
+    )
     doc.append(("table", headers, rows) if rows else ("p", "No feasible configuration yet."))
     doc.append(("h2", "Plots"))
     if missing_plots:
@@ -287,10 +341,18 @@ def _document(
         "param_importance": "Parameter importance",
     }
     doc += [("img", titles[k], p) for k, p in images.items() if p is not None]
-    effect = pass_effect(frame, searched)
+    effect = pass_effect(frame, effective)
     doc.append(("h2", "Per-pass effect (median speedup vs defaults)"))
+    if never:
+        doc.append(
+            (
+                "p",
+                "Never matched in this workload (switching them changes nothing, so they are not"
+                f" ranked here or in the importance): {', '.join(never)}.",
+            )
+        )
     if effect.empty:
-        doc.append(("p", "No pass was switched both ways in measured trials."))
+        doc.append(("p", "No pass that matched was switched both ways in measured trials."))
     else:
         doc.append(
             (
@@ -309,7 +371,7 @@ def _document(
             )
         )
     if command_target(study) is None:  # a job's passes are the job's: fusiontune knows none inexact
-        doc += _attribution(frame, effect, searched, str(study.user_attrs.get("metric", "error")))
+        doc += _attribution(frame, effect, searched, StudyStore(study).info().metric)
     doc.append(("h2", "Parameter importance (median runtime)"))
     if importance is None:
         doc.append(("p", method))
@@ -336,14 +398,15 @@ def _document(
                 ],
             )
         )
-    machine = study.user_attrs.get("machine") or {}
-    if machine:
+    doc += [("h2", "Baselines"), *_baselines(study)]
+    info = StudyStore(study).info()
+    if info.machine:
         doc += [
             ("h2", "Machine"),
-            ("table", ["key", "value"], [[str(k), str(v)] for k, v in machine.items()]),
+            ("table", ["key", "value"], [[str(k), str(v)] for k, v in info.machine.items()]),
         ]
-    if study.user_attrs.get("space_toml"):
-        doc += [("h2", "Search space"), ("pre", str(study.user_attrs["space_toml"]).rstrip())]
+    if info.space_toml:
+        doc += [("h2", "Search space"), ("pre", info.space_toml.rstrip())]
     return doc
 
 
@@ -352,7 +415,7 @@ def _fusion_stats(rec: Recommendation) -> list[Block]:
     if rec.config is None:
         return []
     doc: list[Block] = [("h2", "Fusion statistics of the recommended configuration")]
-    fusion = rec.result.fusion if rec.result is not None else {}
+    fusion = rec.result.fusion.counts() if rec.result is not None else {}
     if not fusion:
         doc.append(("p", "The recommended trial reported no fusion statistics."))
         return doc
@@ -407,24 +470,26 @@ def _build(results_dir: str | Path, storage_url: str | None, study_name: str | N
         paths.append(out / "trials.parquet")
         frame.to_parquet(paths[-1], index=False)
     searched = searched_params(study)
-    importance, method, target = param_importance(study)
+    effective, never = effective_params(study, searched)
+    importance, method, target = param_importance(study, effective)
     missing = plots.matplotlib_missing()
     images: dict[str, Path | None] = {}
     if missing is None:
-        metric = str(study.user_attrs.get("metric", "error"))
-        bound = float(study.user_attrs.get("bound", math.nan))
+        info = StudyStore(study).info()
+        metric, bound = info.metric, info.bound
         images["best_so_far"] = plots.plot_best_so_far(frame, out / "best_so_far.png")
         images["runtime_vs_error"] = plots.plot_runtime_vs_error(
             frame, metric, bound, out / "runtime_vs_error.png"
         )
-        images["pass_effect"] = plots.plot_pass_effect(frame, searched, out / "pass_effect.png")
+        images["pass_effect"] = plots.plot_pass_effect(frame, effective, out / "pass_effect.png")
         if importance is not None:
             images["param_importance"] = plots.plot_importance(
-                study, target, importance_evaluator(study)[0], out / "param_importance.png"
+                study, target, importance_evaluator(study)[0], out / "param_importance.png", effective
             )
     paths += [p for p in images.values() if p is not None]
     rec = choose_recommendation(study, frame)
-    doc = _document(study, frame, rec, images, missing, importance, method, searched)
+    record_recommendation(study, rec)
+    doc = _document(study, frame, rec, images, missing, importance, method, searched, effective, never)
     (out / "report.md").write_text(to_markdown(doc), encoding="utf-8")
     (out / "report.html").write_text(
         to_html(doc, f"fusiontune report: {study.study_name}"), encoding="utf-8"

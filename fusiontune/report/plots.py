@@ -184,7 +184,11 @@ def plot_pass_effect(
 
 
 def plot_importance(
-    study: Any, target: Callable[[Any], float] | None, evaluator: Any, path: Path
+    study: Any,
+    target: Callable[[Any], float] | None,
+    evaluator: Any,
+    path: Path,
+    params: Sequence[str] | None = None,
 ) -> Path:
     """optuna's parameter-importance bar chart (``optuna.visualization.matplotlib``).
 
@@ -193,6 +197,7 @@ def plot_importance(
         target: the value to explain (the runtime); required for a multi-objective study.
         evaluator: the importance evaluator (seeded, so the chart matches the report's table).
         path: the PNG to write.
+        params: the parameters to show (those of passes that matched); None: every one.
 
     Returns:
         ``path``.
@@ -206,6 +211,10 @@ def plot_importance(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ExperimentalWarning on every matplotlib plot
         ax = ovm.plot_param_importances(
-            study, evaluator=evaluator, target=target, target_name="median runtime"
+            study,
+            evaluator=evaluator,
+            params=list(params) if params else None,
+            target=target,
+            target_name="median runtime",
         )
     return _save(ax.figure, path)

@@ -25,19 +25,30 @@ import pandas as pd
 from fusiontune.errors import UserError
 from fusiontune.measure import METRICS
 from fusiontune.passes.registry import PASSES
+from fusiontune.tune.store import (  # noqa: F401 (ALL_OFF, DEFAULTS: the roles, re-exported)
+    ALL_OFF,
+    DEFAULTS,
+    Baseline,
+    Confirmation,
+    StudyStore,
+    TrialRecord,
+    speedups,
+)
 
-DEFAULTS = "defaults"
-ALL_OFF = "all_off"
 MIN_IMPORTANCE_TRIALS = 5  # below this, any importance estimate is noise
-CONSTRAINTS_KEY = "constraints"  # where optuna keeps the values constraints_func returned
 
 SWITCH_COLUMNS = tuple(f"pass.{p.name}" for p in PASSES if p.switchable)
 SPLIT_COLUMNS = tuple(f"split.{p.name}.{sp.name}" for p in PASSES for sp in p.split_points)
-_LEAD = ("number", "state", "role")
-_MEASURED = ("median_s", "iqr_s", "cv", "min_s", *METRICS, "error", "constraint", "feasible")
+_LEAD = ("number", "state", "role", "status")
+_MEASURED = (
+    "median_s", "iqr_s", "cv", "min_s", "ci_low_s", "ci_high_s", "noisy",
+    *METRICS, "error", "constraint", "feasible",
+)
 _TAIL = (
     "speedup_vs_defaults",
     "speedup_vs_all_off",
+    "baseline",
+    "baseline_defaults_s",
     "program_hash",
     "reused_from",
     "kernels",
@@ -125,8 +136,8 @@ def load_study_frame(storage_url: str, study_name: str | None) -> pd.DataFrame:
 
 def command_target(study: Any) -> dict[str, Any] | None:
     """The study's command target record (``CommandTarget.to_json()``), None for a built-in workload."""
-    target = study.user_attrs.get("target")
-    return target if isinstance(target, dict) else None
+    target = StudyStore(study).info().target
+    return dict(target) if target is not None else None
 
 
 def param_columns(study: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -145,15 +156,24 @@ def param_columns(study: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def study_frame(study: Any) -> pd.DataFrame:
-    """The table of :func:`load_study_frame` for an already loaded ``optuna.Study``."""
-    attrs = study.user_attrs
-    metric = str(attrs.get("metric", "max_rel"))
-    bound = _float(attrs.get("bound"))
+    """The table of :func:`load_study_frame` for an already loaded ``optuna.Study``.
+
+    Speedups are against each trial's own baseline (the :class:`~fusiontune.tune.store.Baseline`
+    measured in the same window, on the same node); a study of the first version, which has no
+    baseline records, falls back to its defaults and all-off trials. The ranked feasible trials
+    come first, in the order of :func:`ranking`, then every other trial by number.
+    """
+    store = StudyStore(study)
+    info = store.info()
     switch_cols, split_cols = param_columns(study)
-    command = command_target(study) is not None  # the job's own numbers: no kernels, one error
+    command = info.target is not None  # the job's own numbers: no kernels, one error
+    records = store.trials()
+    found = store.baselines()
+    baselines = {b.id: b for b in found}
+    speed = speedups(records, found)
     rows = [
-        _trial_row(t, metric, bound, switch_cols, split_cols, command)
-        for t in study.get_trials(deepcopy=False)
+        _trial_row(t, info.metric, info.bound, switch_cols, split_cols, command, baselines, speed[t.number])
+        for t in records
     ]
     metrics = () if command else METRICS
     measured = [c for c in _MEASURED if c in ("median_s", "iqr_s", "cv", "min_s") or c not in METRICS or c in metrics]
@@ -162,11 +182,9 @@ def study_frame(study: Any) -> pd.DataFrame:
     frame = frame.reset_index(drop=True)
     for col in split_cols + ("reused_from", "kernels"):
         frame[col] = frame[col].astype("Int64")
-    frame["feasible"] = frame["feasible"].astype(bool)
-    for role, col in ((DEFAULTS, "speedup_vs_defaults"), (ALL_OFF, "speedup_vs_all_off")):
-        base = baseline_median(frame, role)
-        frame[col] = base / frame["median_s"] if base is not None else math.nan
-    return frame
+    for col in ("feasible", "noisy"):
+        frame[col] = frame[col].astype(bool)
+    return _ranked_first(frame, store.confirmation())
 
 
 def _float(value: Any) -> float:
@@ -182,74 +200,69 @@ def _finite_or_nan(value: Any) -> float:
 
 
 def _trial_row(
-    trial: Any,
+    trial: TrialRecord,
     metric: str,
     bound: float,
-    switch_cols: Sequence[str] = SWITCH_COLUMNS,
-    split_cols: Sequence[str] = SPLIT_COLUMNS,
-    command: bool = False,
+    switch_cols: Sequence[str],
+    split_cols: Sequence[str],
+    command: bool,
+    baselines: Mapping[str, Baseline],
+    speedup: tuple[float, float],
 ) -> dict[str, Any]:
-    ua = trial.user_attrs
-    result: Mapping[str, Any] = ua.get("result") or {}
-    ok = result.get("status") == "ok"
-    config: Mapping[str, Any] = ua.get("config") or {}
+    result = trial.result
+    ok = result is not None and result.ok
+    config = trial.config
     row: dict[str, Any] = {
         "number": trial.number,
-        "state": trial.state.name,
-        "role": ua.get("role", ""),
+        "state": trial.state,
+        "role": trial.role,
+        "status": trial.status.value,
     }
     # The resolved config has every pass; the params only the searched ones (same values).
-    switches = {
-        name: value
-        for kind in ("GraphFusion", "UBFusion")
-        for name, value in dict(config.get(kind, {})).items()
-    }
-    points = dict(config.get("split_points", {}))
+    switches = {} if config is None else dict(config.switches)
+    points = {} if config is None else dict(config.split_points)
     for col in switch_cols:
         name = col.removeprefix("pass.")
-        row[col] = trial.params.get(col, switches.get(name))
+        value = trial.params.get(col)
+        if value is None and name in switches:
+            value = "on" if switches[name] else "off"
+        row[col] = value
     for col in split_cols:
         value = trial.params.get(col, points.get(col.removeprefix("split.")))
         row[col] = None if value is None else int(value)
-    errors: Mapping[str, Any] = result.get("errors") or {}
     for name in METRICS:
-        row[name] = _float(errors[name]) if ok and name in errors else math.nan
+        row[name] = result.error(name) if ok and result is not None and result.errors is not None else math.nan
     # The bounded metric: one of METRICS, or a command target's "error".
-    row["error"] = _float(errors[metric]) if ok and metric in errors else math.nan
-    for name in ("median_s", "iqr_s", "cv", "min_s"):
-        row[name] = _finite_or_nan(result.get(name)) if ok else math.nan
-    constraints = trial.system_attrs.get(CONSTRAINTS_KEY)
-    if constraints:
-        row["constraint"] = max(_float(c) for c in constraints)
-    else:
-        row["constraint"] = row["error"] - bound  # NaN when either is unknown
-    row["feasible"] = bool(
-        trial.state.name == "COMPLETE"
-        and ok
-        and row["constraint"] <= 0
-        and not math.isnan(row["median_s"])
-    )
-    reused = ua.get("reused_from")
+    row["error"] = _finite_or_nan(result.error(metric)) if ok and result is not None else math.nan
+    for name in ("median_s", "iqr_s", "cv", "min_s", "ci_low_s", "ci_high_s"):
+        row[name] = _finite_or_nan(getattr(result, name)) if ok else math.nan
+    row["noisy"] = bool(ok and result is not None and result.noisy)
+    row["constraint"] = trial.constraint if trial.constraint is not None else row["error"] - bound
+    row["feasible"] = trial.feasible and not math.isnan(row["median_s"])
+    row["speedup_vs_defaults"], row["speedup_vs_all_off"] = speedup
+    base = baselines.get(trial.baseline)
     row.update(
-        program_hash=ua.get("program_hash", result.get("program_hash", "")),
-        reused_from=None if reused is None else int(reused),
-        kernels=int(result["kernels"]) if ok and "kernels" in result and not command else None,
-        compile_s=_float(result.get("compile_s")) if result else math.nan,
-        node=result.get("node", ""),
-        config_key=result.get("config_key", ""),
-        error_msg=result.get("error_msg", "")
-        or ua.get("interrupted")
-        or _missing_result(trial, result),
+        baseline=trial.baseline,
+        baseline_defaults_s=base.defaults_s if base is not None else math.nan,
+        program_hash=trial.program_hash,
+        reused_from=trial.reused_from,
+        kernels=result.kernels if ok and result is not None and not command else None,
+        compile_s=result.compile_s if result is not None else math.nan,
+        node=result.node if result is not None else "",
+        config_key=result.config_key if result is not None else (config.key() if config else ""),
+        error_msg=(result.error_msg if result is not None else "")
+        or trial.interrupted
+        or _missing_result(trial),
         datetime_start=_iso(trial.datetime_start),
         datetime_complete=_iso(trial.datetime_complete),
     )
     return row
 
 
-def _missing_result(trial: Any, result: Mapping[str, Any]) -> str:
-    if result:
+def _missing_result(trial: TrialRecord) -> str:
+    if trial.result is not None:
         return ""
-    if trial.state.name in ("RUNNING", "WAITING"):
+    if trial.state in ("RUNNING", "WAITING"):
         return "no result recorded (in flight, or the sweep was killed)"
     return "no result recorded"
 
@@ -258,27 +271,84 @@ def _iso(value: Any) -> str:
     return value.isoformat(timespec="seconds") if value is not None else ""
 
 
-# ---- derived tables ------------------------------------------------------------------------------
+# ---- the one ranking -------------------------------------------------------------------------------
+def _ranked_first(frame: pd.DataFrame, confirmation: Confirmation | None) -> pd.DataFrame:
+    """Add ``rank``, ``ranked_by``, ``confirmed_median_s`` and put the ranked trials first."""
+    order, why, confirmed = _ranking_order(frame, confirmation)
+    frame["confirmed_median_s"] = frame["number"].map(confirmed).astype(float)
+    frame["rank"] = pd.array([None] * len(frame), dtype="Int64")
+    frame["ranked_by"] = ""
+    position = {n: i for i, n in enumerate(order)}
+    for idx, number in frame["number"].items():
+        if number in position:
+            frame.at[idx, "rank"] = position[number] + 1
+            frame.at[idx, "ranked_by"] = why[number]
+    key = frame["number"].map(lambda n: position.get(n, len(order) + n))
+    frame = frame.iloc[key.argsort(kind="stable")].reset_index(drop=True)
+    lead = ["rank", "ranked_by", *[c for c in frame.columns if c not in ("rank", "ranked_by")]]
+    return frame[lead]
+
+
+def _ranking_order(
+    frame: pd.DataFrame, confirmation: Confirmation | None
+) -> tuple[list[int], dict[int, str], dict[int, float]]:
+    """The one order every table shows: the recommendation first, then confirmed, then the sweep.
+
+    1. The recommended trial: the confirmation's winner, or, when nothing was distinguishable,
+       the defaults it measured.
+    2. The other configurations the confirmation measured and found within the bound, by their
+       confirmed median.
+    3. Every other feasible trial, by its speedup against its own baseline (so trials measured in
+       different windows compare fairly), then by median.
+    """
+    feasible = frame[frame["feasible"]]
+    numbers = set(int(n) for n in feasible["number"])
+    order: list[int] = []
+    why: dict[int, str] = {}
+    confirmed: dict[int, float] = {}
+    if confirmation is not None:
+        rows = [r for r in confirmation.rows if r.feasible]
+        for r in confirmation.rows:
+            confirmed[r.trial] = r.median_s
+        first = confirmation.winner_trial if confirmation.distinguishable else confirmation.defaults_trial
+        for r in sorted(rows, key=lambda r: (r.trial != first, r.median_s, r.trial)):
+            if r.trial not in numbers and r.trial != first:
+                continue
+            order.append(r.trial)
+            if r.trial == first and confirmation.distinguishable:
+                why[r.trial] = "recommended: confirmed, CI below the defaults'"
+            elif r.trial == first:
+                why[r.trial] = "recommended: nothing confirmed distinguishable from the defaults"
+            else:
+                why[r.trial] = "confirmed median"
+    rest = feasible[~feasible["number"].isin(order)].copy()
+    rest["_speed"] = rest["speedup_vs_defaults"].fillna(-math.inf)
+    rest = rest.sort_values(["_speed", "median_s", "number"], ascending=[False, True, True], kind="stable")
+    for number in rest["number"]:
+        order.append(int(number))
+        why[int(number)] = "sweep: speedup vs its baseline"
+    if confirmation is None and order:
+        why[order[0]] = "recommended: fastest in the sweep (not confirmed)"
+    return order, why, confirmed
+
+
+def ranked(frame: pd.DataFrame) -> pd.DataFrame:
+    """The ranked trials (feasible, and the recommendation), in the one order (column ``rank``)."""
+    return frame[frame["rank"].notna()].sort_values("rank", kind="stable").reset_index(drop=True)
+
+
 def baseline_median(frame: pd.DataFrame, role: str) -> float | None:
     """Median runtime of the first measured trial with ``role`` (defaults / all_off), or None."""
     rows = frame[
         (frame["role"] == role) & frame["median_s"].notna() & (frame["state"] == "COMPLETE")
-    ]
+    ].sort_values("number")
     return float(rows["median_s"].iloc[0]) if len(rows) else None
 
 
 def baseline_trial(frame: pd.DataFrame, role: str) -> int | None:
     """Number of the first completed trial with ``role``, or None."""
-    rows = frame[(frame["role"] == role) & (frame["state"] == "COMPLETE")]
+    rows = frame[(frame["role"] == role) & (frame["state"] == "COMPLETE")].sort_values("number")
     return int(rows["number"].iloc[0]) if len(rows) else None
-
-
-def ranked(frame: pd.DataFrame) -> pd.DataFrame:
-    """Feasible trials, fastest first (ties: lower error, then earlier trial)."""
-    feasible = frame[frame["feasible"]]
-    return feasible.sort_values(["median_s", "error", "number"], kind="stable").reset_index(
-        drop=True
-    )
 
 
 def pareto_front(frame: pd.DataFrame) -> pd.DataFrame:
@@ -397,11 +467,15 @@ def importance_evaluator(study: Any) -> tuple[Any, str]:
     return optuna.importance.FanovaImportanceEvaluator(seed=0), "fANOVA"
 
 
-def param_importance(study: Any) -> tuple[dict[str, float] | None, str, Any]:
+def param_importance(
+    study: Any, params: Sequence[str] | None = None
+) -> tuple[dict[str, float] | None, str, Any]:
     """optuna's importance of each searched parameter for the median runtime.
 
     Args:
         study: the ``optuna.Study``.
+        params: the parameters to explain (:func:`effective_params`: those of passes that matched
+            in the workload); None: every searched one.
 
     Returns:
         (parameter -> importance, largest first, or None; the method used, or one sentence
@@ -421,12 +495,14 @@ def param_importance(study: Any) -> tuple[dict[str, float] | None, str, Any]:
             ),
             target,
         )
+    if params is not None and not params:
+        return None, "Parameter importance not computed: no searched pass matched in the workload.", target
     evaluator, method = importance_evaluator(study)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # few-trial warnings: the table says what it is
             found = optuna.importance.get_param_importances(
-                study, evaluator=evaluator, target=target
+                study, evaluator=evaluator, target=target, params=list(params) if params else None
             )
     except Exception as exc:  # too few trials, a single value per param: say so, go on
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -438,6 +514,42 @@ def param_importance(study: Any) -> tuple[dict[str, float] | None, str, Any]:
             target,
         )
     return dict(found), method, target
+
+
+# ---- passes that matched -------------------------------------------------------------------------
+def matched_passes(study: Any) -> set[str] | None:
+    """The passes that matched at least once in some trial's workload.
+
+    From each result's fusion report (the pipeline's ``matched_times``, or what a command
+    target's job reported through ``fusion_result.json`` or its log lines). None when no trial
+    reported any fusion statistics: then nothing is known, and nothing is left out.
+    """
+    reports = [t.result.fusion for t in StudyStore(study).trials() if t.result is not None]
+    if not any(r.stats for r in reports):
+        return None
+    return {s.pass_name for r in reports for s in r.stats if s.matched_times > 0}
+
+
+def param_pass(param: str) -> str:
+    """The pass a parameter belongs to: ``pass.X`` and ``split.X.point`` -> ``X``."""
+    return param.split(".")[1]
+
+
+def effective_params(study: Any, searched: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The searched parameters whose pass matched in the workload, and the passes that never did.
+
+    A pass that never matched changes nothing whichever way it is switched: crediting it with an
+    effect or an importance would only rank noise. Those are listed by name instead.
+
+    Returns:
+        (parameters to rank, names of searched passes that never matched).
+    """
+    matched = matched_passes(study)
+    if matched is None:
+        return list(searched), []
+    keep = [p for p in searched if param_pass(p) in matched]
+    never = sorted({param_pass(p) for p in searched if param_pass(p) not in matched})
+    return keep, never
 
 
 # ---- text ----------------------------------------------------------------------------------------
@@ -463,33 +575,39 @@ def fmt_number(value: Any) -> str:
 
 
 def top_rows(frame: pd.DataFrame, n: int = 10) -> tuple[list[str], list[list[str]]]:
-    """Headers and cells of the ranked top ``n`` feasible configurations."""
+    """Headers and cells of the first ``n`` of the one ranking (:func:`ranked`)."""
     headers = [
         "rank",
         "trial",
         "median",
         "IQR",
+        "confirmed",
         "vs defaults",
         "vs all-off",
         "error",
         "kernels",
+        "ranked by",
         "note",
     ]
     rows = []
-    for rank, r in enumerate(ranked(frame).head(n).itertuples(index=False), start=1):
+    for r in ranked(frame).head(n).itertuples(index=False):
         note = [r.role] if r.role else []
         if not pd.isna(r.reused_from):
             note.append(f"reuses #{r.reused_from}")
+        if r.noisy:
+            note.append(f"noisy: CV {r.cv:.2f}")
         rows.append(
             [
-                str(rank),
+                str(r.rank),
                 str(r.number),
                 fmt_seconds(r.median_s),
                 fmt_seconds(r.iqr_s),
+                fmt_seconds(r.confirmed_median_s),
                 fmt_speedup(r.speedup_vs_defaults),
                 fmt_speedup(r.speedup_vs_all_off),
                 fmt_number(r.error),
                 "-" if pd.isna(r.kernels) else str(r.kernels),
+                r.ranked_by,
                 ", ".join(note),
             ]
         )

@@ -1,4 +1,6 @@
-"""Study storage: open an optuna RDB storage, and find the trials a dead driver left running.
+"""Study storage: open an optuna RDB storage, lock a study, and tell live drivers from dead ones.
+
+This is the store's private part (:mod:`fusiontune.tune.store` is the public one).
 
 The storage is optuna's plain ``RDBStorage`` (SQLite by default, any SQLAlchemy URL), so
 ``optuna-dashboard <url>`` opens it as is. A driver stamps every trial it asks with who it is
@@ -11,17 +13,19 @@ and warns on every ``ask``; this is the same idea for an ask/tell loop.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
 import time
 import uuid
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from fusiontune.errors import UserError
 
@@ -82,9 +86,10 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     elif parsed.get_backend_name() in ("postgresql", "mysql"):
         engine_kwargs = {"connect_args": {"connect_timeout": 10}}
     try:
-        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None)
-        if parsed.get_backend_name() == "sqlite":
-            _use_wal(storage)
+        with _schema_lock(url, parsed, engine_kwargs):
+            storage = _create_storage(url, engine_kwargs)
+            if parsed.get_backend_name() == "sqlite":
+                _use_wal(storage)
         return storage
     except ImportError as e:
         backend = parsed.get_backend_name()
@@ -93,6 +98,121 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         ) from None
     except Exception as e:  # bad dialect, unreachable host, unwritable file: all one line
         raise UserError(f"storage {shown}: cannot connect ({_reason(e)})") from None
+
+
+def _create_storage(url: str, engine_kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
+    """optuna's storage; a schema another process created meanwhile is retried, not an error."""
+    import sqlalchemy.exc
+
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def _schema_lock(url: str, parsed: Any, engine_kwargs: dict[str, Any]) -> Iterator[None]:
+    """Hold a lock while optuna creates its tables, so two drivers on an empty database don't race.
+
+    SQLite: a file lock beside the database. PostgreSQL / MySQL: a server-side advisory lock on a
+    connection of its own (released when it closes, also if the process dies). Anything else:
+    no lock (the retry in :func:`_create_storage` remains).
+    """
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if not database or database == ":memory:" or database.startswith("file:"):
+            yield
+            return
+        with _file_lock(Path(database + ".lock")):
+            yield
+        return
+    if backend not in ("postgresql", "mysql"):
+        yield
+        return
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool, **engine_kwargs)
+    try:
+        with engine.connect() as connection, _advisory_lock(connection, "fusiontune:schema"):
+            yield
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def study_lock(storage: optuna.storages.BaseStorage, study_name: str) -> Iterator[None]:
+    """A lock over one study, held across processes and, on a database server, across machines.
+
+    The tuning loop holds it to fail stale trials, to enqueue the baselines once, and to give
+    out its share of the budget (ask and stamp trials) atomically. SQLite: a file lock beside the
+    database; PostgreSQL and MySQL: an advisory lock named after the study; an in-memory or other
+    storage: a lock within this process.
+    """
+    # A study's storage is optuna's cache in front of the RDB storage: lock on the RDB one.
+    engine = getattr(getattr(storage, "_backend", storage), "engine", None)
+    if engine is None:
+        with _PROCESS_LOCKS.setdefault(study_name, threading.Lock()):
+            yield
+        return
+    backend = engine.dialect.name
+    database = engine.url.database or ""
+    if backend == "sqlite" and database and database != ":memory:" and not database.startswith("file:"):
+        with _file_lock(Path(database + ".lock")):
+            yield
+    elif backend in ("postgresql", "mysql"):
+        with engine.connect() as connection, _advisory_lock(connection, "fusiontune:study:" + study_name):
+            yield
+    else:
+        with _PROCESS_LOCKS.setdefault(study_name, threading.Lock()):
+            yield
+
+
+_PROCESS_LOCKS: dict[str, threading.Lock] = {}
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created when missing); released when the process dies.
+
+    Each call opens the file anew: two threads of one process exclude each other too.
+    """
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+@contextmanager
+def _advisory_lock(connection: Any, name: str) -> Iterator[None]:
+    """A session-level advisory lock on ``connection``: PostgreSQL's ``pg_advisory_lock`` on a
+    64-bit key from ``name``, MySQL's ``GET_LOCK``."""
+    import sqlalchemy
+
+    if connection.dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+        connection.commit()
+        try:
+            yield
+        finally:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            connection.commit()
+    else:
+        connection.execute(sqlalchemy.text("SELECT GET_LOCK(:n, -1)"), {"n": name[:64]})
+        try:
+            yield
+        finally:
+            connection.execute(sqlalchemy.text("SELECT RELEASE_LOCK(:n)"), {"n": name[:64]})
 
 
 def _use_wal(storage: optuna.storages.RDBStorage) -> None:
@@ -217,36 +337,6 @@ def driver_alive(system_attrs: dict[str, Any]) -> bool:
         return True
     beat = system_attrs.get(HEARTBEAT_ATTR)
     return isinstance(beat, (int, float)) and time.time() - float(beat) < STALE_AFTER_S
-
-
-def fail_stale_trials(study: optuna.Study, on_fail: Any = None) -> list[int]:
-    """Mark FAIL every RUNNING trial of ``study`` whose driver is dead; return their numbers.
-
-    Each gets the user attr ``interrupted`` (why), and ``on_fail(trial)`` is called before its
-    state changes so that the caller can store its failure record.
-    """
-    failed: list[int] = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if driver_alive(t.system_attrs):
-            continue
-        storage = study._storage
-        try:
-            storage.set_trial_user_attr(
-                t._trial_id, "interrupted", "the driver stopped before the trial was recorded"
-            )
-            if on_fail is not None:
-                on_fail(t)
-            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # another driver finished or failed it meanwhile
-        failed.append(t.number)
-    return failed
-
-
-def count_finished(study: optuna.Study) -> int:
-    """Trials that count against the budget: COMPLETE, FAIL and PRUNED."""
-    states = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
-    return len(study.get_trials(deepcopy=False, states=states))
 
 
 def quiet_optuna() -> None:

@@ -32,7 +32,7 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from typing import Any
 from fusiontune.config.flags import render_flags
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.config.switch_file import dump_switch_json
+from fusiontune.passes.base import FusionReport
 from fusiontune.tune._job_output import (
     MetricError,
     extra_metrics,
@@ -51,7 +52,7 @@ from fusiontune.tune._job_output import (
     read_text,
 )
 from fusiontune.tune._job_process import LOG_CAP_BYTES, TERM_GRACE_S, ProcessOutcome, run_process
-from fusiontune.tune.records import FAILED, OK, EvalRequest, EvalResult, request_key
+from fusiontune.tune.records import OK, RUN_FAILED, EvalRequest, EvalResult, EvalStatus, request_key
 from fusiontune.workloads.target import CommandTarget, render
 
 SWITCH_FILE = "fusion_switch.cfg"
@@ -133,11 +134,11 @@ def run_command_trial(
     key = request_key(request.config, request.deny)
     path = Path(trial_dir)
     if request.deny:  # bisection's step 2 needs applications, which a job does not report
-        return EvalResult(request.trial, key, "", FAILED, "a command target cannot deny single applications", node=node)
+        return EvalResult(request.trial, key, "", RUN_FAILED, "a command target cannot deny single applications", node=node)
     try:
         prepared = prepare_trial(target, request.config, path)
     except OSError as exc:
-        return EvalResult(request.trial, key, "", FAILED, f"cannot prepare the trial folder {path}: {exc}", node=node)
+        return EvalResult(request.trial, key, "", RUN_FAILED, f"cannot prepare the trial folder {path}: {exc}", node=node)
     env = {**os.environ, **prepared.env_overrides}
     runs = target.repeats if request.timing else 1
     records: list[dict[str, Any]] = []
@@ -145,6 +146,7 @@ def run_command_trial(
     errors: list[float] = []
     metrics: dict[str, float] = {}
     reason = ""
+    status = EvalStatus.OK
     started = time.time()
     stdout_text = stderr_text = ""
     for i in range(runs):
@@ -170,6 +172,7 @@ def run_command_trial(
         records.append(record)
         which = f" (run {i + 1} of {runs})" if runs > 1 else ""
         reason = _process_failure(outcome, target, stdout_text, stderr_text, out_path, err_path, which)
+        status = EvalStatus.TIMEOUT if outcome.timed_out else EvalStatus.RUN_FAILED
         if not reason:
             data = last_json_object(stdout_text)
             try:
@@ -185,7 +188,8 @@ def run_command_trial(
         if reason:
             record["reason"] = reason
             break
-    fusion, fusion_source = _fusion_stats(prepared, started, stdout_text, stderr_text)
+    kinds = {p.name: str(p.kind) for p in request.config.pass_rows()}
+    fusion, fusion_source = _fusion_stats(prepared, started, stdout_text, stderr_text, kinds)
     extra: dict[str, Any] = {
         "trial_dir": str(prepared.trial_dir),
         "log": records[-1]["stdout"] if records else "",
@@ -198,9 +202,9 @@ def run_command_trial(
     if fusion_source:
         extra["fusion_source"] = fusion_source
     if reason:
-        result = EvalResult(request.trial, key, "", FAILED, reason, node=node, fusion=fusion, extra=extra)
+        result = EvalResult(request.trial, key, "", status, reason, node=node, fusion=fusion, extra=extra)
     else:
-        result = _ok_result(request, key, runtimes, errors, node, fusion, extra)
+        result = _ok_result(request, key, runtimes, errors, metrics, node, fusion, extra)
     _write_record(prepared, request, result, records)
     return result
 
@@ -237,9 +241,16 @@ def _process_failure(
 
 
 def _fusion_stats(
+    prepared: PreparedTrial, started: float, stdout: str, stderr: str, kinds: Mapping[str, str]
+) -> tuple[FusionReport, str]:
+    """The job's fusion statistics and where they came from ("" when it reported none)."""
+    counts, source = _fusion_counts(prepared, started, stdout, stderr)
+    return FusionReport.from_counts(counts, kinds), source
+
+
+def _fusion_counts(
     prepared: PreparedTrial, started: float, stdout: str, stderr: str
 ) -> tuple[dict[str, tuple[int, int]], str]:
-    """The job's fusion statistics and where they came from ("" when it reported none)."""
     candidates = [prepared.trial_dir / FUSION_RESULT]
     in_cwd = prepared.cwd / FUSION_RESULT
     try:  # ATC writes it into its working directory: take it only if this run wrote it
@@ -262,17 +273,18 @@ def _ok_result(
     key: str,
     runtimes: Sequence[float],
     errors: Sequence[float],
+    metrics: Mapping[str, float],
     node: str,
-    fusion: dict[str, tuple[int, int]],
+    fusion: FusionReport,
     extra: dict[str, Any],
 ) -> EvalResult:
     """Runtime: the median of the runs; error: the largest (the bound must hold on every run)."""
-    error = max(errors)
+    reported = {**{k: float(v) for k, v in metrics.items()}, "error": max(errors)}
     if not request.timing:  # accuracy only (bisection): the run's time is kept in extra
         extra = {**extra, "runtime_s": runtimes[0]}
         return EvalResult(
-            request.trial, key, "", OK, errors={"error": error}, node=node, fusion=fusion,
-            median_s=math.nan, iqr_s=math.nan, cv=math.nan, min_s=math.nan, extra=extra,
+            request.trial, key, "", OK, reported=reported, node=node, fusion=fusion,
+            median_s=math.nan, iqr_s=math.nan, cv=math.nan, min_s=math.nan, attempts=1, extra=extra,
         )
     median = statistics.median(runtimes)
     if len(runtimes) >= 2:
@@ -284,7 +296,7 @@ def _ok_result(
         iqr = cv = 0.0
     return EvalResult(
         request.trial, key, "", OK, median_s=median, iqr_s=iqr, cv=cv, min_s=min(runtimes),
-        samples_s=tuple(runtimes), errors={"error": error}, node=node, fusion=fusion, extra=extra,
+        samples_s=tuple(runtimes), reported=reported, node=node, fusion=fusion, attempts=1, extra=extra,
     )
 
 
@@ -295,15 +307,17 @@ def _write_record(
     record = {
         "trial": request.trial,
         "config_key": result.config_key,
-        "status": result.status,
+        "status": result.status.value,
         "reason": result.error_msg,
         "command": command,
         "cwd": str(prepared.cwd),
         "env": prepared.env_overrides,
         "runs": runs,
         "runtime_s": None if not math.isfinite(result.median_s) else result.median_s,
-        "error": result.errors.get("error"),
-        "fusion": {name: {"matched_times": m, "effected_times": e} for name, (m, e) in result.fusion.items()},
+        "error": result.reported.get("error"),
+        "fusion": {
+            name: {"matched_times": m, "effected_times": e} for name, (m, e) in result.fusion.counts().items()
+        },
         "node": result.node,
     }
     try:

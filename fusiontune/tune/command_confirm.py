@@ -25,6 +25,7 @@ from fusiontune.tune.confirm import (
     median_ci,
     select_candidates,
 )
+from fusiontune.tune.store import Confirmation, StudyStore
 from fusiontune.workloads.space import SearchSpace
 
 COMMAND_ROUNDS = 3
@@ -39,7 +40,7 @@ def confirm_command(
     rounds: int = COMMAND_ROUNDS,
     echo: Callable[[str], None] = print,
     evaluator_factory: Callable[[Path], Any] | None = None,
-) -> dict[str, Any]:
+) -> Confirmation:
     """Run the user's job again for the top ``top_k`` configurations and the defaults, interleaved.
 
     Round ``r`` runs every candidate once, starting one further along each round, through a
@@ -97,7 +98,8 @@ def confirm_command(
     winner, distinguishable, note = decide(rows, defaults_trial)
     if dropped:
         note += f"; the job failed for {', '.join(dropped.values())}"
-    record = confirmation_record(rows, defaults_trial, winner, distinguishable, note)
-    study.set_user_attr("confirmation", record)
+    store = StudyStore(study)
+    record = confirmation_record(rows, defaults_trial, winner, distinguishable, note, store.count_finished())
+    store.write_confirmation(record)
     echo(format_confirmation(record))
     return record

@@ -17,9 +17,10 @@ by running the job again.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+import socket
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -33,6 +34,14 @@ from fusiontune.measure import (
     median_ci,
     metric_value,
     time_interleaved,
+)
+from fusiontune.tune.store import (
+    DEFAULTS,
+    Confirmation,
+    ConfirmationRow,
+    StudyStore,
+    TrialRecord,
+    speedups,
 )
 from fusiontune.workloads import Workload
 from fusiontune.workloads.space import SearchSpace, config_from_params
@@ -90,28 +99,35 @@ def select_candidates(
 ) -> tuple[list[Candidate], int | None]:
     """The top ``top_k`` feasible trials with distinct programs, and the defaults trial.
 
+    Trials are taken in the sweep's order of the one ranking: by speedup against their own
+    baseline (so a trial measured on a busy night does not lose to one measured on a quiet one),
+    then by median.
+
     Args:
-        study: a tuned study (the storage schema of :mod:`fusiontune.tune.study`).
+        study: a tuned study (the schema of :mod:`fusiontune.tune.store`).
         top_k: how many of the best feasible configurations.
         space: resolves a trial's params when it lacks the ``config`` user attr.
 
     Returns:
-        The candidates, fastest first, the defaults trial last when it is not among them; and the
+        The candidates, best first, the defaults trial last when it is not among them; and the
         defaults trial number (None when the defaults trial did not complete).
     """
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    defaults = next((t for t in complete if t.user_attrs.get("role") == "defaults"), None)
+    store = StudyStore(study)
+    records = store.trials((TrialState.COMPLETE,))
+    speed = speedups(records, store.baselines())
+    defaults = next((t for t in records if t.role == DEFAULTS and t.measured), None)
     ranked = sorted(
-        (t for t in complete if _constraint(t) <= 0), key=lambda t: (t.values[0], t.number)
+        (t for t in records if t.feasible),
+        key=lambda t: (-_or_minus_inf(speed[t.number][0]), t.median_s, t.number),
     )
     chosen: list[Candidate] = []
     seen: set[str] = set()
     for t in ranked:
-        phash = str(t.user_attrs.get("program_hash", "")) or f"trial-{t.number}"
+        phash = t.program_hash or f"trial-{t.number}"
         if phash in seen:
             continue
         seen.add(phash)
-        if defaults is not None and phash == defaults.user_attrs.get("program_hash"):
+        if defaults is not None and phash == defaults.program_hash:
             t = defaults  # the same program as the defaults: measure it as the defaults
         chosen.append(_candidate(t, space))
         if len(chosen) >= top_k:
@@ -121,27 +137,18 @@ def select_candidates(
     return chosen, (defaults.number if defaults is not None else None)
 
 
-def _constraint(t: optuna.trial.FrozenTrial) -> float:
-    c = t.user_attrs.get("constraint")
-    return float(c) if c is not None else math.inf
+def _or_minus_inf(x: float) -> float:
+    return x if math.isfinite(x) else -math.inf
 
 
-def _candidate(t: optuna.trial.FrozenTrial, space: SearchSpace | None) -> Candidate:
-    raw = t.user_attrs.get("config")
-    if isinstance(raw, Mapping):
-        config = FusionConfig.from_json(raw)
+def _candidate(t: TrialRecord, space: SearchSpace | None) -> Candidate:
+    if t.config is not None:
+        config = t.config
     elif space is not None:  # a study written without the config attr: resolve the params
         config = config_from_params(space, t.params)
     else:
         raise ValueError(f"trial {t.number} has no config user attr; pass the search space")
-    return Candidate(
-        t.number,
-        config,
-        str(t.user_attrs.get("program_hash", "")),
-        float(t.values[0]),
-        _constraint(t) <= 0,
-        str(t.user_attrs.get("role", "")),
-    )
+    return Candidate(t.number, config, t.program_hash, t.median_s, t.feasible, t.role)
 
 
 def decide(
@@ -205,7 +212,7 @@ def confirm(
     top_k: int | None = None,
     rounds: int | None = None,
     echo: Callable[[str], None] = print,
-) -> dict[str, Any]:
+) -> Confirmation:
     """Measure the top ``top_k`` configurations and the defaults again, interleaved, here.
 
     Each program is built once in this process (kernels come from the disk cache the workers
@@ -259,8 +266,9 @@ def confirm(
     winner, distinguishable, note = decide(rows, defaults_trial)
     if dropped:
         note += f"; could not be rebuilt here: {', '.join(dropped)}"
-    record = confirmation_record(rows, defaults_trial, winner, distinguishable, note)
-    study.set_user_attr("confirmation", record)
+    store = StudyStore(study)
+    record = confirmation_record(rows, defaults_trial, winner, distinguishable, note, store.count_finished())
+    store.write_confirmation(record)
     echo(format_confirmation(record))
     return record
 
@@ -271,40 +279,45 @@ def confirmation_record(
     winner: int | None,
     distinguishable: bool,
     note: str,
-) -> dict[str, Any]:
-    """The ``confirmation`` study attr."""
-    return {
-        "rows": [
-            {
-                "trial": r.candidate.trial,
-                "config_key": r.candidate.config.key(),
-                "median_s": r.median_s,
-                "ci_low_s": r.ci_low_s,
-                "ci_high_s": r.ci_high_s,
-                "samples": len(r.samples_s),
-                "error": r.error if math.isfinite(r.error) else None,
-                "feasible": r.feasible,
-                "role": r.candidate.role,
-                "noisy": r.noisy,
-                "noise": r.noise,
-            }
-            for r in sorted(rows, key=lambda r: r.median_s)
-        ],
-        "defaults_trial": defaults_trial,
-        "winner_trial": winner,
-        "distinguishable": distinguishable,
-        "note": note,
-    }
+    finished: int = -1,
+) -> Confirmation:
+    """The study's :class:`~fusiontune.tune.store.Confirmation`, measured here, now."""
+    return Confirmation(
+        tuple(
+            ConfirmationRow(
+                r.candidate.trial,
+                r.candidate.config.key(),
+                r.candidate.role,
+                r.median_s,
+                r.ci_low_s,
+                r.ci_high_s,
+                len(r.samples_s),
+                r.error if math.isfinite(r.error) else None,
+                r.feasible,
+                r.noisy,
+                r.noise,
+            )
+            for r in sorted(rows, key=lambda r: (r.median_s, r.candidate.trial))
+        ),
+        defaults_trial,
+        winner,
+        distinguishable,
+        note,
+        node=socket.gethostname(),
+        time=time.time(),
+        finished=finished,
+    )
 
 
-def format_confirmation(record: Mapping[str, Any]) -> str:
+def format_confirmation(record: Confirmation) -> str:
     """The confirmation table for the terminal, the winner marked, the note below."""
     from fusiontune.tune._console import format_seconds
 
-    rows = record["rows"]
-    base = next((r for r in rows if r["trial"] == record["defaults_trial"]), None)
+    base = record.row(record.defaults_trial) if record.defaults_trial is not None else None
+    where = f" on {record.node}" if record.node else ""
     lines = [
-        f"confirmation: {len(rows)} configurations, interleaved, {CONFIDENCE:.0%} CI of the median"
+        f"confirmation: {len(record.rows)} configurations, interleaved{where},"
+        f" {CONFIDENCE:.0%} CI of the median"
     ]
     cells = (
         f"{'trial':>5}",
@@ -315,28 +328,27 @@ def format_confirmation(record: Mapping[str, Any]) -> str:
         "samples",
     )
     lines.append("  " + "  ".join(cells))
-    for r in rows:
-        tag = "defaults" if r["trial"] == record["defaults_trial"] else ""
-        if r["trial"] == record["winner_trial"]:
+    for r in record.rows:
+        tag = "defaults" if r.trial == record.defaults_trial else ""
+        if r.trial == record.winner_trial:
             tag = "winner"
-        if not r.get("feasible", True):
+        if not r.feasible:
             tag = (tag + " !bound").strip()
-        if r.get("noisy"):
+        if r.noisy:
             tag = (tag + " noisy").strip()
-        ci = f"[{format_seconds(r['ci_low_s'])}, {format_seconds(r['ci_high_s'])}]"
-        speed = f"{base['median_s'] / r['median_s']:.2f}x" if base else "-"
-        median = format_seconds(r["median_s"])
+        ci = f"[{format_seconds(r.ci_low_s)}, {format_seconds(r.ci_high_s)}]"
+        speed = f"{base.median_s / r.median_s:.2f}x" if base else "-"
         cells = (
-            f"{r['trial']:>5}",
+            f"{r.trial:>5}",
             f"{tag:15}",
-            f"{median:>10}",
+            f"{format_seconds(r.median_s):>10}",
             f"{ci:>23}",
             f"{speed:>11}",
-            f"{r['samples']:>7}",
+            f"{r.samples:>7}",
         )
         lines.append("  " + "  ".join(cells))
-    for r in rows:
-        if r.get("noisy"):
-            lines.append(f"  trial {r['trial']}: {r['noise']}")
-    lines.append(f"  {record['note']}")
+    for r in record.rows:
+        if r.noisy:
+            lines.append(f"  trial {r.trial}: {r.noise}")
+    lines.append(f"  {record.note}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ candidate becomes a failed :class:`EvalResult`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import socket
 import traceback
@@ -26,7 +27,15 @@ from fusiontune.measure import ErrorMetrics, MeasureConfig, Timing, compare, tim
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.runtime import Program, build_program
-from fusiontune.tune.records import OK, Deny, EvalRequest, EvalResult, deny_map, request_key
+from fusiontune.tune.records import (
+    OK,
+    Deny,
+    EvalRequest,
+    EvalResult,
+    EvalStatus,
+    deny_map,
+    request_key,
+)
 from fusiontune.workloads import Workload
 
 
@@ -80,6 +89,10 @@ class CheckResult:
     timing: Timing
 
 
+class WrongResult(Exception):
+    """The program ran, but its outputs cannot be compared with the reference (missing, misshapen)."""
+
+
 def check_and_time(
     workload: Workload, program: Program, measure: MeasureConfig, *, timing: bool = True
 ) -> CheckResult:
@@ -101,10 +114,14 @@ def check_and_time(
         The outputs, their errors and the timing.
 
     Raises:
+        WrongResult: an output is missing or has the wrong shape.
         Exception: whatever running the program raises (the caller decides what a failure is).
     """
     outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
-    errors = compare(outputs, workload.reference)
+    try:
+        errors = compare(outputs, workload.reference)
+    except (KeyError, ValueError) as exc:  # a missing output, or one of the wrong shape
+        raise WrongResult(str(exc)) from exc
     times = Timing.not_timed()
     if timing:
         program.bind(workload.inputs)
@@ -134,21 +151,17 @@ def measure_candidate(
     """
     node = node or socket.gethostname()
     program = candidate.program
+    report = candidate.pipeline.report
+    fusion = report if applications else dataclasses.replace(report, applications=())
     try:
         checked = check_and_time(workload, program, measure, timing=timing)
     except Exception as exc:  # a candidate's failure is a value, not a crash of the sweep
+        status = EvalStatus.WRONG_RESULT if isinstance(exc, WrongResult) else EvalStatus.RUN_FAILED
         failed = EvalResult.failure(
-            trial, candidate.config, _reason(exc), node, candidate.program_hash, candidate.deny
+            trial, candidate.config, _reason(exc), node, candidate.program_hash, candidate.deny, status
         )
-        return replace(failed, extra=dict(extra or {}))
+        return replace(failed, fusion=fusion, extra=dict(extra or {}))
     errors, times = checked.errors, checked.timing
-    fusion: dict[str, tuple[int, int]] = {}
-    for s in candidate.pipeline.report.stats:
-        m, e = fusion.get(s.pass_name, (0, 0))
-        fusion[s.pass_name] = (m + s.matched_times, e + s.effected_times)
-    apps = tuple(
-        (a.pass_name, a.index, a.pattern, a.nodes, a.applied) for a in candidate.pipeline.report.applications
-    ) if applications else ()
     return EvalResult(
         trial=trial,
         config_key=request_key(candidate.config, candidate.deny),
@@ -159,13 +172,16 @@ def measure_candidate(
         cv=times.cv,
         min_s=times.min_s,
         samples_s=times.samples_s,
-        errors={"max_abs": errors.max_abs, "max_rel": errors.max_rel, "rel_l2": errors.rel_l2, "cosine": errors.cosine},
+        ci_low_s=times.ci_low_s,
+        ci_high_s=times.ci_high_s,
+        noisy=times.noisy,
+        attempts=times.attempts,
+        errors=errors,
         kernels=program.kernel_count,
         compile_s=program.compile_s,
         peak_bytes=program.peak_bytes,
         node=node,
         fusion=fusion,
-        applications=apps,
         extra=dict(extra or {}),
     )
 
@@ -188,7 +204,15 @@ def evaluate_request(workload: Workload, request: EvalRequest, measure: MeasureC
             phash = program_hash(workload.graph, config, request.deny)
         except Exception:
             pass
-        return EvalResult.failure(request.trial, config, _reason(exc), node or socket.gethostname(), phash, request.deny)
+        return EvalResult.failure(
+            request.trial,
+            config,
+            _reason(exc),
+            node or socket.gethostname(),
+            phash,
+            request.deny,
+            EvalStatus.BUILD_FAILED,
+        )
     return measure_candidate(
         workload, candidate, measure, request.trial, node, timing=request.timing, applications=request.applications
     )

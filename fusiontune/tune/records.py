@@ -10,10 +10,12 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from fusiontune.config.fusion_config import FusionConfig
+from fusiontune.measure.accuracy import METRICS, ErrorMetrics, metric_value
+from fusiontune.passes.base import FusionReport
 
 
 class EvalStatus(enum.StrEnum):
@@ -44,7 +46,7 @@ class EvalStatus(enum.StrEnum):
 
 
 OK = EvalStatus.OK
-FAILED = EvalStatus.RUN_FAILED
+RUN_FAILED = EvalStatus.RUN_FAILED
 
 
 Deny = tuple[tuple[str, tuple[int, ...]], ...]
@@ -103,70 +105,105 @@ class EvalResult:
     """What measuring one configuration gave.
 
     Attributes:
-        trial: the trial number of the request.
+        trial: the trial number of the request (-1 for a baseline measurement).
         config_key: ``FusionConfig.key()`` of the configuration.
         program_hash: hash of the generated program (kernel sources and their order); two
             configurations with the same hash run the same code.
-        status: ``ok`` or ``failed``.
+        status: how it ended (:class:`EvalStatus`); only ``ok`` has a measurement.
         error_msg: why it failed (with the log path where there is one); empty when ok.
         median_s, iqr_s, cv, min_s: timing of one run of the program, seconds.
         samples_s: every timed sample, seconds per call.
-        errors: the error metrics against the float64 reference (max_abs, max_rel, rel_l2, cosine).
+        ci_low_s, ci_high_s: the 95% confidence interval of the median (NaN when not computed).
+        noisy: the spread stayed above the measurement's threshold after its retries
+            (``MeasureConfig``): the median is not to be trusted.
+        attempts: how many times it was measured (retries of a too-wide measurement included).
+        errors: the error metrics against the float64 reference; None for a failure or a
+            command target.
+        reported: what a command target's job reported (``error`` is its bounded metric).
         kernels: kernels in the program.
         compile_s: seconds spent obtaining the kernels (compile or disk-cache load).
         peak_bytes: the program's planned peak memory.
         node: the machine (host name, or Ray node id) it was measured on.
-        fusion: per pass, ``(matched_times, effected_times)``.
-        applications: when the request asked, every application of every pass that ran:
-            ``(pass, index, pattern, original node names, applied)``.
-        extra: evaluator-specific fields (reuse of another trial's measurement, log paths).
+        fusion: what the passes did: per-pattern ``matched_times`` / ``effected_times``, and,
+            when the request asked for them, every application.
+        extra: evaluator-specific fields (log paths, measurement start and end).
     """
 
     trial: int
     config_key: str
     program_hash: str
-    status: str
+    status: EvalStatus
     error_msg: str = ""
     median_s: float = math.inf
     iqr_s: float = math.inf
     cv: float = math.inf
     min_s: float = math.inf
     samples_s: tuple[float, ...] = ()
-    errors: Mapping[str, float] = field(default_factory=dict)
+    ci_low_s: float = math.nan
+    ci_high_s: float = math.nan
+    noisy: bool = False
+    attempts: int = 0
+    errors: ErrorMetrics | None = None
+    reported: Mapping[str, float] = field(default_factory=dict)
     kernels: int = 0
     compile_s: float = 0.0
     peak_bytes: int = 0
     node: str = ""
-    fusion: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-    applications: tuple[tuple[str, int, str, tuple[str, ...], bool], ...] = ()
+    fusion: FusionReport = field(default_factory=FusionReport.empty)
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, EvalStatus):
+            object.__setattr__(self, "status", EvalStatus.parse(self.status))
 
     @property
     def ok(self) -> bool:
-        return self.status == OK
+        return self.status == EvalStatus.OK
 
     def error(self, metric: str) -> float:
-        """The named error metric; ``inf`` for a failed result."""
-        return float(self.errors.get(metric, math.inf)) if self.ok else math.inf
+        """The named error metric (one of ``METRICS``, or a job's reported one); ``inf`` if failed."""
+        if not self.ok:
+            return math.inf
+        if self.errors is not None and metric in METRICS:
+            return float(metric_value(self.errors, metric))
+        return float(self.reported.get(metric, math.inf))
+
+    def matched(self, pass_name: str) -> int:
+        """How many times ``pass_name`` matched in the workload (0 when it never did)."""
+        return self.fusion.matched(pass_name)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        d["status"] = self.status.value
         d["samples_s"] = list(self.samples_s)
-        d["errors"] = dict(self.errors)
-        d["fusion"] = {k: list(v) for k, v in self.fusion.items()}
-        d["applications"] = [[p, i, pat, list(nodes), ok] for p, i, pat, nodes, ok in self.applications]
+        d["errors"] = None if self.errors is None else asdict(self.errors)
+        d["reported"] = dict(self.reported)
+        d["fusion"] = self.fusion.to_json()
         d["extra"] = dict(self.extra)
-        return d
+        return {k: _finite_json(v) for k, v in d.items()}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> EvalResult:
+        """A result from :meth:`to_json`; the first version's records (flat dicts) read too."""
         d = dict(d)
-        d["samples_s"] = tuple(d.get("samples_s", ()))
-        d["fusion"] = {k: (int(v[0]), int(v[1])) for k, v in dict(d.get("fusion", {})).items()}
-        d["applications"] = tuple(
-            (str(p), int(i), str(pat), tuple(nodes), bool(ok)) for p, i, pat, nodes, ok in d.get("applications", ())
-        )
-        return EvalResult(**d)
+        d["status"] = EvalStatus.parse(d.get("status", EvalStatus.NOT_RECORDED))
+        for name in ("median_s", "iqr_s", "cv", "min_s"):
+            d[name] = math.inf if d.get(name) is None else float(d[name])
+        for name in ("ci_low_s", "ci_high_s"):
+            d[name] = math.nan if d.get(name) is None else float(d[name])
+        d["samples_s"] = tuple(float(x) for x in d.get("samples_s", ()))
+        errors = d.get("errors") or {}
+        reported = dict(d.get("reported") or {})
+        if errors and all(m in errors for m in METRICS):
+            finite = errors.get("finite", all(math.isfinite(float(errors[m])) for m in METRICS))
+            d["errors"] = ErrorMetrics(*(float(errors[m]) for m in METRICS), bool(finite))
+        else:  # a command target's first-version record: {"error": x}
+            reported.update({k: float(v) for k, v in errors.items()})
+            d["errors"] = None
+        d["reported"] = reported
+        d["fusion"] = FusionReport.from_json(d.get("fusion"), d.pop("applications", ()))
+        known = {f.name for f in fields(EvalResult)}
+        return EvalResult(**{k: v for k, v in d.items() if k in known})
 
     @staticmethod
     def failure(
@@ -179,3 +216,10 @@ class EvalResult:
         status: EvalStatus = EvalStatus.RUN_FAILED,
     ) -> EvalResult:
         return EvalResult(trial, request_key(config, deny), program_hash, status, message, node=node)
+
+
+def _finite_json(value: Any) -> Any:
+    """``inf`` / ``NaN`` as None: JSON (and PostgreSQL's JSON) has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

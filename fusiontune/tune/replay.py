@@ -15,7 +15,7 @@ from typing import Any
 
 from fusiontune.errors import UserError
 from fusiontune.measure import METRICS
-from fusiontune.tune.records import FAILED, OK, EvalRequest, EvalResult
+from fusiontune.tune.records import EvalRequest, EvalResult, EvalStatus
 
 NOT_RECORDED = "not in the recorded table"
 _FIELDS = {f.name for f in dataclasses.fields(EvalResult)}
@@ -83,16 +83,14 @@ class ReplayEvaluator:
                 f"replay {display_url(url)}: no study {study_name!r}"
                 f" (studies there: {', '.join(names) or 'none'})"
             )
-        study = optuna.load_study(study_name=study_name, storage=storage)
-        records = []
-        for t in study.get_trials(deepcopy=False):
-            record = t.user_attrs.get("result")
-            if (
-                isinstance(record, Mapping)
-                and "interrupted" not in t.user_attrs
-                and t.state.is_finished()
-            ):
-                records.append(EvalResult.from_json(record))
+        from fusiontune.tune.store import StudyStore
+
+        store = StudyStore(optuna.load_study(study_name=study_name, storage=storage))
+        records = [
+            t.result
+            for t in store.trials()
+            if t.result is not None and not t.interrupted and t.state in ("COMPLETE", "FAIL", "PRUNED")
+        ]
         return cls(records, workers=workers)
 
     @classmethod
@@ -108,7 +106,7 @@ class ReplayEvaluator:
         try:
             data = json.loads(text)
             records = [
-                EvalResult.from_json({k: math.nan if v is None else v for k, v in e["result"].items()})
+                EvalResult.from_json(e["result"])
                 for e in data["evaluations"]
             ]
         except (ValueError, KeyError, TypeError) as exc:
@@ -129,7 +127,9 @@ class ReplayEvaluator:
             key = request.key()
             held = self.table.get(key)
             if held is None:
-                out.append(EvalResult(request.trial, key, "", FAILED, NOT_RECORDED, node="replay"))
+                out.append(
+                    EvalResult(request.trial, key, "", EvalStatus.NOT_RECORDED, NOT_RECORDED, node="replay")
+                )
                 continue
             extra = {**dict(held.extra), "replayed_from": held.trial}
             out.append(dataclasses.replace(held, trial=request.trial, extra=extra))
@@ -153,14 +153,12 @@ def _from_frame(frame: Any) -> list[EvalResult]:
         fields.setdefault("errors", errors)
         fields.setdefault("trial", -1)
         fields.setdefault("program_hash", "")
-        fields["status"] = fields.get("status") or (OK if "median_s" in fields else FAILED)
-        for name in ("trial", "kernels", "peak_bytes"):
+        ok = "median_s" in fields
+        fields["status"] = fields.get("status") or (EvalStatus.OK if ok else EvalStatus.RUN_FAILED)
+        for name in ("trial", "kernels", "peak_bytes", "attempts"):
             if name in fields:
                 fields[name] = int(fields[name])
-        for name in ("samples_s",):
-            if name in fields:
-                fields[name] = tuple(fields[name])
-        out.append(EvalResult(**fields))
+        out.append(EvalResult.from_json(fields))
     return out
 
 

@@ -21,11 +21,14 @@ from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.config.fusion_result import read_fusion_result
 from fusiontune.config.switch_file import load_config, load_switch_file
 from fusiontune.errors import UserError
+from fusiontune.measure import ErrorMetrics
+from fusiontune.passes.base import FusionReport
 from fusiontune.report import build_report, format_top, load_study_frame, report_command
 from fusiontune.report.build import NO_FEASIBLE, NOT_CONFIRMED, NOT_DISTINGUISHABLE
 from fusiontune.report.plots import MISSING_SENTENCE
 from fusiontune.report.tables import pareto_front, pass_effect
 from fusiontune.tune.records import EvalResult
+from fusiontune.tune.store import StudyStore
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -121,15 +124,17 @@ def _result(
         cv=0.01,
         min_s=median * 0.98,
         samples_s=(median,) * 5,
-        errors={"max_abs": error * 3, "max_rel": error, "rel_l2": error / 2, "cosine": error / 10},
+        errors=ErrorMetrics(error * 3, error, error / 2, error / 10, True),
         kernels=10 + number,
         compile_s=0.25,
         peak_bytes=4096,
         node="node-a",
-        fusion={
-            "SoftmaxFusionPass": (1, int(config.switches["SoftmaxFusionPass"])),
-            "TbeEltwiseFusionPass": (3, 3),
-        },
+        fusion=FusionReport.from_counts(
+            {
+                "SoftmaxFusionPass": (1, int(config.switches["SoftmaxFusionPass"])),
+                "TbeEltwiseFusionPass": (3, 3),
+            }
+        ),
     )
 
 
@@ -197,8 +202,13 @@ def _has_pyarrow() -> bool:
 
 def test_load_study_frame_has_one_row_per_trial_with_every_column(results: Path) -> None:
     frame = load_study_frame(f"sqlite:///{results / 'study.db'}", STUDY)
-    assert list(frame["number"]) == list(TRIALS)
+    assert sorted(frame["number"]) == list(TRIALS)
     for col in (
+        "rank",
+        "ranked_by",
+        "status",
+        "noisy",
+        "baseline",
         "state",
         "median_s",
         "iqr_s",
@@ -297,8 +307,11 @@ def test_markdown_lists_the_top_configurations_in_rank_order(results: Path) -> N
     build_report(results)
     md = (results / "report.md").read_text()
     top = md.split("## Top 10 feasible configurations")[1].split("##")[0]
-    rows = [line.split("|")[2].strip() for line in top.strip().splitlines()[2:]]
-    assert rows == ["2", "5", "6", "0", "1"]  # 3 breaks the bound, 4 failed
+    table = [line for line in top.strip().splitlines() if line.startswith("|")]
+    rows = [line.split("|")[2].strip() for line in table[2:]]
+    # The winner, the other confirmed ones by confirmed median, then the sweep by speedup:
+    # 3 breaks the bound, 4 failed.
+    assert rows == ["2", "6", "0", "5", "1"]
     assert "Trial 2 is the winner" in md and "Confirmation" in md
     assert "mlp" in md and "max_rel <= 0.001" in md and "node-a" in md
     assert "![Runtime vs error](runtime_vs_error.png)" in md
@@ -383,11 +396,29 @@ def test_pareto_front_keeps_the_undominated_trials(results: Path) -> None:
 
 
 def test_format_top_ranks_feasible_trials(results: Path) -> None:
-    text = format_top(load_study_frame(f"sqlite:///{results / 'study.db'}", STUDY), n=2)
+    text = format_top(load_study_frame(f"sqlite:///{results / 'study.db'}", STUDY), n=5)
     lines = text.splitlines()
     assert lines[0].split()[:3] == ["rank", "trial", "median"]
-    assert [line.split()[1] for line in lines[2:]] == ["2", "5"]
-    assert "2.00x" in lines[2] and "reuses #2" in lines[3]
+    assert [line.split()[1] for line in lines[2:]] == ["2", "6", "0", "5", "1"]
+    assert "2.00x" in lines[2] and "recommended: confirmed" in lines[2]
+    assert "confirmed median" in lines[3] and "reuses #2" in lines[5] and "sweep" in lines[5]
+
+
+def test_every_table_shows_one_order_and_the_study_records_its_first(results: Path) -> None:
+    """The terminal table, report.md, trials.csv and the study's recommendation attr agree."""
+    url = f"sqlite:///{results / 'study.db'}"
+    build_report(results)
+    terminal = [line.split()[1] for line in format_top(load_study_frame(url, STUDY)).splitlines()[2:]]
+    md = (results / "report.md").read_text()
+    top = md.split("## Top 10 feasible configurations")[1].split("##")[0]
+    markdown = [line.split("|")[2].strip() for line in top.strip().splitlines() if line.startswith("|")][2:]
+    csv = pd.read_csv(results / "trials.csv")
+    ranked_csv = [str(n) for n in csv.loc[csv["rank"].notna(), "number"]]
+    assert terminal == markdown == ranked_csv == ["2", "6", "0", "5", "1"]
+    assert list(csv["rank"].dropna().astype(int)) == [1, 2, 3, 4, 5]  # ranked rows lead the file
+    stored = StudyStore(optuna.load_study(study_name=STUDY, storage=url)).recommendation()
+    assert stored is not None and stored.trial == 2 and stored.source == "confirmation"
+    assert load_config(results / "best_config.json").key() == stored.config_key
 
 
 def test_report_command_prints_the_top_and_the_paths(

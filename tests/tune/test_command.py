@@ -193,8 +193,8 @@ def test_a_trial_runs_the_job_in_its_folder_and_reads_metrics_and_fusion(tmp_pat
     space, result, trial = evaluate(tmp_path)
     assert result.ok, result.error_msg
     assert result.trial == 7 and result.median_s == pytest.approx(CANN_BEST_S)
-    assert result.errors["error"] == pytest.approx(3.5e-4)
-    assert result.fusion["TbeEltwiseFusionPass"] == (6, 6) and CULPRIT not in result.fusion
+    assert result.reported["error"] == pytest.approx(3.5e-4)
+    assert result.fusion.counts()["TbeEltwiseFusionPass"] == (6, 6) and CULPRIT not in result.fusion.counts()
     assert result.extra["fusion_source"] == str(trial / "fusion_result.json")
     for name in ("fusion_switch.cfg", "graph_kernel_flags.txt", "config.json", "stdout.log",
                  "stderr.log", "result.json", "metrics.json", "fusion_result.json"):
@@ -272,7 +272,7 @@ def test_regex_metrics_read_the_last_match(tmp_path: Path) -> None:
     (result,) = CommandEvaluator(space.target, tmp_path).evaluate([EvalRequest(0, optimum(space))])
     assert result.ok, result.error_msg
     assert result.median_s == pytest.approx(CANN_BEST_S)
-    assert result.errors["error"] == 3  # the last GE line: TbeMultiOutputFusionPass, 3 matches
+    assert result.reported["error"] == 3  # the last GE line: TbeMultiOutputFusionPass, 3 matches
 
 
 def test_repeats_give_the_median_runtime_and_the_largest_error(tmp_path: Path) -> None:
@@ -327,7 +327,7 @@ def test_mindspore_job_reads_the_flags_and_reports_fusion_in_its_log(tmp_path: P
     assert result.ok, result.error_msg
     assert result.median_s == pytest.approx(MINDSPORE_BEST_S)
     assert result.extra["fusion_source"] == "log lines"
-    assert result.fusion["inference_swiglu_fusion"] == (2, 2)
+    assert result.fusion.counts()["inference_swiglu_fusion"] == (2, 2)
     assert result.extra["metrics"]["steps"] == 10
     flags = (tmp_path / "0" / "graph_kernel_flags.txt").read_text()
     assert "--disable_pass=split_concat_fusion,shape_reshape,matmul_elem_gelu_fusion" in flags

@@ -20,6 +20,7 @@ from fusiontune.tune.confirm import (
     select_candidates,
 )
 from fusiontune.tune.evaluator import LocalEvaluator
+from fusiontune.tune.store import Confirmation, StudyStore
 from fusiontune.tune.study import run_tune
 from fusiontune.workloads import make_workload
 from fusiontune.workloads.space import load_space
@@ -138,23 +139,20 @@ def test_confirm_on_a_real_run_stores_the_schema(tuned):
     study = optuna.load_study(study_name="c", storage=url)
     lines: list[str] = []
     record = confirm(study, workload, space, top_k=2, rounds=6, echo=lines.append)
-    stored = optuna.load_study(study_name="c", storage=url).user_attrs["confirmation"]
-    assert stored == record
-    assert set(record) == {"rows", "defaults_trial", "winner_trial", "distinguishable", "note"}
-    assert record["defaults_trial"] == 0
-    assert (record["winner_trial"] is not None) == record["distinguishable"]
-    for r in record["rows"]:
-        assert {"trial", "config_key", "median_s", "ci_low_s", "ci_high_s", "samples"} <= set(r)
-        assert r["ci_low_s"] <= r["median_s"] <= r["ci_high_s"] and r["samples"] == 6
-    assert "confirmation" in lines[0] and record["note"] in lines[0]
+    store = StudyStore(optuna.load_study(study_name="c", storage=url))
+    assert store.confirmation() == record
+    assert Confirmation.from_json(record.to_json()) == record
+    assert record.defaults_trial == 0 and record.node and record.finished == store.count_finished()
+    assert (record.winner_trial is not None) == record.distinguishable
+    for r in record.rows:
+        assert r.ci_low_s <= r.median_s <= r.ci_high_s and r.samples == 6
+    assert "confirmation" in lines[0] and record.note in lines[0]
 
 
 def test_confirm_names_a_clearly_faster_program_the_winner(tuned, monkeypatch):
     """Synthetic programs: the defaults take 3 ms a call, every other configuration 0.3 ms."""
     url, space, workload = tuned
-    defaults_key = FusionConfig.from_json(
-        optuna.load_study(study_name="c", storage=url).trials[0].user_attrs["config"]
-    ).key()
+    defaults_key = StudyStore(optuna.load_study(study_name="c", storage=url)).trial(0).config.key()
 
     class Synthetic:
         def __init__(self, slow: bool) -> None:
@@ -178,10 +176,10 @@ def test_confirm_names_a_clearly_faster_program_the_winner(tuned, monkeypatch):
     monkeypatch.setattr("fusiontune.tune.evaluate.build_candidate", fake_build)
     study = optuna.load_study(study_name="c", storage=url)
     record = confirm(study, workload, space, top_k=2, rounds=6, echo=lambda s: None)
-    assert record["distinguishable"] is True
-    fastest = min((r for r in record["rows"] if r["trial"] != 0), key=lambda r: r["median_s"])
-    assert record["winner_trial"] == fastest["trial"]
-    assert len(built) == len(record["rows"])  # each program built once
+    assert record.distinguishable is True
+    fastest = min((r for r in record.rows if r.trial != 0), key=lambda r: r.median_s)
+    assert record.winner_trial == fastest.trial
+    assert len(built) == len(record.rows)  # each program built once
 
 
 def test_confirm_can_be_read_back_by_the_report(tuned, tmp_path: Path):

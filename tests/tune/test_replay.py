@@ -10,6 +10,7 @@ import pytest
 
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.errors import UserError
+from fusiontune.measure import ErrorMetrics
 from fusiontune.tune.evaluator import Evaluator, LocalEvaluator
 from fusiontune.tune.records import OK, EvalRequest, EvalResult
 from fusiontune.tune.replay import NOT_RECORDED, ReplayEvaluator
@@ -25,12 +26,13 @@ workers = 0
 """
 
 DEFAULTS = FusionConfig.defaults()
+ERRORS = ErrorMetrics(1e-8, 1e-8, 1e-8, 1e-8, True)
 ALL_OFF = FusionConfig.all_off()
 
 
 def recorded(config: FusionConfig, median_s: float, trial: int = 7) -> EvalResult:
     return EvalResult(
-        trial, config.key(), f"hash-{trial}", OK, median_s=median_s, errors={"max_rel": 1e-8}
+        trial, config.key(), f"hash-{trial}", OK, median_s=median_s, errors=ERRORS
     )
 
 
@@ -41,7 +43,7 @@ def test_replay_is_an_evaluator():
 def test_a_recorded_configuration_answers_its_recorded_result():
     replay = ReplayEvaluator([recorded(DEFAULTS, 2e-3)])
     (result,) = replay.evaluate([EvalRequest(11, DEFAULTS)])
-    assert result.ok and result.median_s == 2e-3 and result.errors == {"max_rel": 1e-8}
+    assert result.ok and result.median_s == 2e-3 and result.errors == ERRORS
     assert result.trial == 11 and result.extra["replayed_from"] == 7
 
 
@@ -77,7 +79,7 @@ def test_a_dataframe_table_with_metric_columns():
     )
     replay = ReplayEvaluator(frame)
     ok, failed = replay.evaluate([EvalRequest(0, DEFAULTS), EvalRequest(1, ALL_OFF)])
-    assert ok.ok and ok.median_s == 1.5 and ok.errors["max_rel"] == 2e-7 and ok.kernels == 3
+    assert ok.ok and ok.median_s == 1.5 and ok.error("max_rel") == 2e-7 and ok.kernels == 3
     assert not failed.ok and failed.error_msg == "timed out after 5 s"
 
 

@@ -24,7 +24,8 @@ from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.errors import UserError
 from fusiontune.tune._storage import DRIVER_ATTR, HEARTBEAT_ATTR
 from fusiontune.tune.evaluator import LocalEvaluator
-from fusiontune.tune.records import EvalRequest, EvalResult
+from fusiontune.tune.records import EvalRequest, EvalResult, EvalStatus
+from fusiontune.tune.store import StudyStore
 from fusiontune.tune.study import run_tune
 from fusiontune.workloads import make_workload
 from fusiontune.workloads.space import SearchSpace, config_from_params, load_space
@@ -86,19 +87,26 @@ def url(tmp_path: Path) -> str:
 
 
 class Recording:
-    """LocalEvaluator that records what it was asked, and can act on the k-th request."""
+    """LocalEvaluator that records what it was asked, and can act on the k-th trial's request.
+
+    Baseline measurements (trial -1) are recorded apart, in ``baseline_requests``.
+    """
 
     def __init__(self, workload, measure, on_request=None) -> None:
         self.inner = LocalEvaluator(workload, measure)
         self.requests: list[EvalRequest] = []
+        self.baseline_requests: list[EvalRequest] = []
         self.on_request = on_request
 
     def evaluate(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
         out = []
         for r in requests:
-            self.requests.append(r)
-            if self.on_request is not None:
-                self.on_request(len(self.requests), r)
+            if r.trial < 0:
+                self.baseline_requests.append(r)
+            else:
+                self.requests.append(r)
+                if self.on_request is not None:
+                    self.on_request(len(self.requests), r)
             out.extend(self.inner.evaluate([r]))
         return out
 
@@ -154,18 +162,22 @@ def test_baselines_are_not_enqueued_again_on_resume(space, workload, url):
 def test_study_records_what_the_report_needs(space, workload, url):
     run_tune(space, Recording(workload, space.measure), url, "s", 3, progress=False)
     study = load(url)
-    attrs = study.user_attrs
-    assert attrs["workload"] == "mindspore_custom_op" and attrs["metric"] == "max_rel"
-    assert attrs["bound"] == 1e-6 and attrs["space_toml"] == Path(space.path).read_text()
-    assert {"space_path", "sizes", "machine"} <= set(attrs)
-    for t in study.trials:
-        result = EvalResult.from_json(t.user_attrs["result"])
-        assert result.trial == t.number and result.ok
-        assert result.config_key == FusionConfig.from_json(t.user_attrs["config"]).key()
-        assert t.user_attrs["program_hash"] == result.program_hash
-        assert t.system_attrs["constraints"] == [t.user_attrs["constraint"]]
-        assert t.user_attrs["constraint"] == pytest.approx(result.errors["max_rel"] - 1e-6)
-        assert t.values == [result.median_s]
+    store = StudyStore(study)
+    info = store.info()
+    assert info.workload == "mindspore_custom_op" and info.metric == "max_rel"
+    assert info.bound == 1e-6 and info.space_toml == Path(space.path).read_text()
+    assert info.space_path and info.sizes and info.machine
+    baselines = {b.id: b for b in store.baselines()}
+    for t, frozen in zip(store.trials(), study.trials, strict=True):
+        result = t.result
+        assert result is not None and result.trial == t.number and result.ok
+        assert t.config is not None and result.config_key == t.config.key()
+        assert t.program_hash == result.program_hash
+        assert frozen.system_attrs["constraints"] == [t.constraint]
+        assert t.constraint == pytest.approx(result.error("max_rel") - 1e-6)
+        assert t.values == (result.median_s,)
+        assert t.baseline in baselines  # measured in this window, on this node
+        assert baselines[t.baseline].node == result.node
 
 
 # ---- shared measurements -------------------------------------------------------------------------
@@ -174,14 +186,14 @@ def test_configurations_with_one_program_share_one_measurement(space, workload, 
     run_tune(space, ev, url, "s", 12, progress=False)
     trials = load(url).trials
     by_hash: dict[str, list] = {}
-    for t in trials:
-        by_hash.setdefault(t.user_attrs["program_hash"], []).append(t)
+    for t in StudyStore(load(url)).trials():
+        by_hash.setdefault(t.program_hash, []).append(t)
     assert len(by_hash) < len(trials), "the space has fewer programs than 12 configurations"
     for group in by_hash.values():
         first, *rest = group
-        assert "reused_from" not in first.user_attrs
+        assert first.reused_from is None
         for t in rest:
-            assert t.user_attrs["reused_from"] == first.number
+            assert t.reused_from == first.number and t.baseline == first.baseline
             assert t.values == first.values
     assert len(ev.requests) == len(by_hash)
 
@@ -189,7 +201,7 @@ def test_configurations_with_one_program_share_one_measurement(space, workload, 
 def test_duplicates_inside_one_batch_are_measured_once(space, workload, url):
     ev = Recording(workload, space.measure)
     run_tune(space, ev, url, "s", 12, batch_size=4, progress=False)
-    hashes = {t.user_attrs["program_hash"] for t in load(url).trials}
+    hashes = {t.program_hash for t in StudyStore(load(url)).trials()}
     assert len(ev.requests) == len(hashes)
 
 
@@ -312,10 +324,9 @@ def test_a_second_ctrl_c_aborts_and_fails_the_trial_in_flight(space, workload, u
         run_tune(
             space, Recording(workload, space.measure, two_ctrl_c), url, "s", 10, progress=False
         )
-    trials = load(url).trials
-    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]
-    assert "interrupted" in trials[2].user_attrs
-    assert trials[2].user_attrs["result"]["status"] == "failed"
+    trials = StudyStore(load(url)).trials()
+    assert [t.state for t in trials] == ["COMPLETE", "COMPLETE", "FAIL"]
+    assert trials[2].interrupted and trials[2].status == EvalStatus.NOT_RECORDED
     resumed = run_tune(space, Recording(workload, space.measure), url, "s", 5, progress=False)
     assert resumed.n_finished == 5 and finished_numbers(load(url)) == list(range(5))
 
@@ -340,9 +351,8 @@ def test_running_trials_of_a_dead_driver_are_failed_at_resume_not_repeated(space
     result = run_tune(space, Recording(workload, space.measure), url, "s", 6, progress=False)
     study = load(url)
     for number in (unstamped.number, stamped.number):
-        t = study.trials[number]
-        assert t.state == TrialState.FAIL and "interrupted" in t.user_attrs
-        assert t.user_attrs["result"]["status"] == "failed"
+        t = StudyStore(study).trial(number)
+        assert t.state == "FAIL" and t.interrupted and t.status == EvalStatus.NOT_RECORDED
     assert result.n_finished == 6
     assert [t.number for t in study.trials] == list(range(6))
     assert not study.get_trials(states=(TrialState.RUNNING,))
@@ -356,7 +366,9 @@ def test_running_trials_of_a_live_driver_elsewhere_are_left_alone(space, workloa
         other._trial_id, DRIVER_ATTR, {"host": "another-host", "pid": 1, "start": 1.0, "token": "y"}
     )
     study._storage.set_trial_system_attr(other._trial_id, HEARTBEAT_ATTR, time.time())
-    run_tune(space, Recording(workload, space.measure), url, "s", 4, progress=False)
+    # Its trial counts against the budget: this driver measures one more, then waits for it.
+    result = run_tune(space, Recording(workload, space.measure), url, "s", 4, timeout_s=1.5, progress=False)
+    assert result.stopped_reason == "timeout" and result.n_finished == 3
     assert load(url).trials[other.number].state == TrialState.RUNNING
 
 
