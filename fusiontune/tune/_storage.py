@@ -128,7 +128,7 @@ def _schema_lock(url: str, parsed: Any, engine_kwargs: dict[str, Any]) -> Iterat
         if not database or database == ":memory:" or database.startswith("file:"):
             yield
             return
-        with _file_lock(Path(database + ".lock")):
+        with file_lock(Path(database + ".lock")):
             yield
         return
     if backend not in ("postgresql", "mysql"):
@@ -162,7 +162,7 @@ def study_lock(storage: optuna.storages.BaseStorage, study_name: str) -> Iterato
     backend = engine.dialect.name
     database = engine.url.database or ""
     if backend == "sqlite" and database and database != ":memory:" and not database.startswith("file:"):
-        with _file_lock(Path(database + ".lock")):
+        with file_lock(Path(database + ".lock")):
             yield
     elif backend in ("postgresql", "mysql"):
         with engine.connect() as connection, _advisory_lock(connection, "fusiontune:study:" + study_name):
@@ -176,7 +176,7 @@ _PROCESS_LOCKS: dict[str, threading.Lock] = {}
 
 
 @contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     """An exclusive ``flock`` on ``path`` (created when missing); released when the process dies.
 
     Each call opens the file anew: two threads of one process exclude each other too.

@@ -16,6 +16,8 @@ import resource
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +29,9 @@ EXIT_INTERRUPTED = 130
 
 def tune_command(args: argparse.Namespace) -> int:
     """The ``tune`` subcommand; returns the exit code (130 when stopped by a signal)."""
-    from fusiontune.tune._storage import open_storage, quiet_optuna
-    from fusiontune.tune.samplers import SAMPLERS, make_sampler
-    from fusiontune.tune.study import (
-        STOP_INTERRUPTED,
-        default_storage_url,
-        run_tune,
-        trial_constraint,
-    )
+    from fusiontune.tune._storage import quiet_optuna
+    from fusiontune.tune.samplers import SAMPLERS
+    from fusiontune.tune.study import default_storage_url
     from fusiontune.workloads.space import load_space, parse_duration
 
     quiet_optuna()
@@ -54,6 +51,28 @@ def tune_command(args: argparse.Namespace) -> int:
     top_k = space.top_k if args.top_k is None else args.top_k
     memory = PeakMemory()
     memory.start()
+    try:
+        return _tune(args, space, n_trials, timeout_s, workers, study_name, results_dir, storage_url, top_k, memory)
+    finally:
+        memory.stop()  # idempotent: the sampler thread never outlives the command
+
+
+def _tune(
+    args: argparse.Namespace,
+    space: Any,
+    n_trials: int,
+    timeout_s: float | None,
+    workers: int,
+    study_name: str,
+    results_dir: Path,
+    storage_url: str,
+    top_k: int,
+    memory: PeakMemory,
+) -> int:
+    from fusiontune.tune._storage import open_storage
+    from fusiontune.tune.samplers import make_sampler
+    from fusiontune.tune.study import STOP_INTERRUPTED, run_tune, trial_constraint
+
     # Everything that can be refused is checked before any worker starts.
     seed = space.seed if args.seed is None else args.seed
     make_sampler(args.sampler or space.sampler, space, seed, n_trials, trial_constraint)
@@ -88,15 +107,18 @@ def tune_command(args: argparse.Namespace) -> int:
     )
     interrupted = result.stopped_reason == STOP_INTERRUPTED
     try:
-        if interrupted:
-            print(f"interrupted: run the same command again to continue to {n_trials} trials")
-        elif args.no_confirm:
-            print("confirmation skipped (--no-confirm)")
-        elif args.replay:
-            print("confirmation skipped: replayed results are not measurements")
-        else:
-            _confirm(space, storage_url, study_name, workload, top_k, results_dir)
-        paths = _report(results_dir, storage_url, study_name)
+        # One writer of results/<study>/ at a time: drivers sharing the study take turns, and
+        # the later ones reuse a confirmation that already covers every finished trial.
+        with results_lock(results_dir):
+            if interrupted:
+                print(f"interrupted: run the same command again to continue to {n_trials} trials")
+            elif args.no_confirm:
+                print("confirmation skipped (--no-confirm)")
+            elif args.replay:
+                print("confirmation skipped: replayed results are not measurements")
+            elif not _confirmation_is_current(storage_url, study_name):
+                _confirm(space, storage_url, study_name, workload, top_k, results_dir)
+            paths = _report(results_dir, storage_url, study_name)
     except KeyboardInterrupt:
         print(
             "aborted during the confirmation or the report; `fusiontune report` rebuilds it",
@@ -181,6 +203,31 @@ def _command_evaluator(
     from fusiontune.tune.ray_command import RayCommandEvaluator
 
     return RayCommandEvaluator(space.target, base, workers, address=args.ray_address)
+
+
+@contextmanager
+def results_lock(results_dir: Path) -> Iterator[None]:
+    """Hold ``results/<study>/.lock`` (an ``flock``, released if the process dies) while writing."""
+    from fusiontune.tune._storage import file_lock
+
+    with file_lock(results_dir / ".lock"):
+        yield
+
+
+def _confirmation_is_current(storage_url: str, study_name: str) -> bool:
+    """Another driver already confirmed every finished trial of the study: say so, reuse it."""
+    import optuna
+
+    from fusiontune.tune.confirm import format_confirmation
+    from fusiontune.tune.store import StudyStore
+
+    store = StudyStore(optuna.load_study(study_name=study_name, storage=storage_url))
+    confirmation = store.confirmation()
+    if confirmation is None or confirmation.finished != store.count_finished():
+        return False
+    print(f"confirmation of all {confirmation.finished} trials already recorded (by another driver): reused")
+    print(format_confirmation(confirmation))
+    return True
 
 
 def _confirm(

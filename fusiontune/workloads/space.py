@@ -55,7 +55,17 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _SECTIONS = ("name", "workload", "target", "passes", "split_points", "accuracy", "measure", "search")
-_SEARCH_KEYS = ("sampler", "trials", "timeout", "seed", "top_k", "workers", "trial_timeout")
+_SEARCH_KEYS = (
+    "sampler",
+    "trials",
+    "timeout",
+    "seed",
+    "top_k",
+    "workers",
+    "trial_timeout",
+    "baseline_every",
+    "baseline_minutes",
+)
 COMMAND_METRIC = "error"
 """The bounded metric of a command target: the error the job reports."""
 
@@ -87,6 +97,9 @@ class SearchSpace:
         top_k: how many configurations the confirmation stage measures again.
         workers: default number of Ray workers (0: in process).
         trial_timeout_s: a trial running longer than this fails.
+        baseline_every: the sweep measures the defaults and all-off again every this many trials
+            (0: only when it starts), so that every speedup is against a baseline of its window.
+        baseline_minutes: ... and every this many minutes (0: no time limit).
         target: the user's job when the space tunes one (``[target] kind = "command"``); then
             ``workload`` is empty, ``searched`` and ``fixed`` name the job's passes, there are no
             split points, and ``metric`` is ``"error"``. None: the built-in ``workload``.
@@ -113,6 +126,8 @@ class SearchSpace:
     top_k: int = 5
     workers: int = 2
     trial_timeout_s: float = 300.0
+    baseline_every: int = 25
+    baseline_minutes: float = 30.0
     target: CommandTarget | None = None
     onnx: OnnxSource | None = None
 
@@ -514,6 +529,8 @@ class _Loader:
             "seed": self.integer(search.get("seed", 0), "search.seed", high=2**32 - 1),
             "top_k": self.integer(search.get("top_k", top_k), "search.top_k", low=1),
             "workers": self.integer(search.get("workers", workers), "search.workers"),
+            "baseline_every": self.integer(search.get("baseline_every", 25), "search.baseline_every"),
+            "baseline_minutes": self.number(search.get("baseline_minutes", 30.0), "search.baseline_minutes"),
         }
 
     def command_space(self, data: dict[str, Any], name: str) -> SearchSpace:
