@@ -36,7 +36,8 @@ from optuna.trial import TrialState
 
 from fusiontune.tune.evaluator import LocalEvaluator
 from fusiontune.tune.replay import ReplayEvaluator
-from fusiontune.tune.study import is_feasible, run_tune
+from fusiontune.tune.store import StudyStore, TrialRecord
+from fusiontune.tune.study import run_tune
 from fusiontune.workloads import make_workload
 from fusiontune.workloads.space import SearchSpace, grid_size, loads_space
 
@@ -119,11 +120,12 @@ def cost_to_target(
     Measurements count the trials that were measured, not answered from an earlier trial with the
     same program (those cost milliseconds, not a compile and a timing).
     """
-    sampled = sorted((t for t in trials if "role" not in t.user_attrs), key=lambda t: t.number)
+    records = [TrialRecord.from_trial(t) for t in trials]
+    sampled = sorted((t for t in records if not t.role), key=lambda t: t.number)
     measured = 0
     for i, t in enumerate(sampled, start=1):
-        measured += "reused_from" not in t.user_attrs
-        if is_feasible(t) and t.values[0] <= target_s:
+        measured += t.reused_from is None
+        if t.feasible and t.median_s <= target_s:
             return i, measured
     return None
 
@@ -141,7 +143,8 @@ def run_sampler(
     url = f"sqlite:///{tmp / f'{sampler}_{seed}.db'}"
 
     def reached(t: optuna.trial.FrozenTrial) -> bool:
-        return "role" not in t.user_attrs and is_feasible(t) and t.values[0] <= target_s
+        record = TrialRecord.from_trial(t)
+        return not record.role and record.feasible and record.median_s <= target_s
 
     run_tune(
         space,
@@ -183,23 +186,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh and record.exists():
         record.unlink()
     grid = record_grid(space, f"sqlite:///{record}")
-    complete = grid.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    feasible = [t for t in complete if is_feasible(t)]
+    complete = StudyStore(grid).trials((TrialState.COMPLETE,))
+    feasible = [t for t in complete if t.feasible]
     if not feasible:
         print("no feasible configuration in the grid: nothing to find")
         return 1
-    optimum = min(t.values[0] for t in feasible)
+    optimum = min(t.median_s for t in feasible)
     size = grid_size(space)
     target = optimum * TARGET
-    hits = sum(t.values[0] <= target for t in feasible if "role" not in t.user_attrs)
-    baseline_hit = [
-        t.user_attrs["role"] for t in feasible if "role" in t.user_attrs and t.values[0] <= target
-    ]
+    hits = sum(t.median_s <= target for t in feasible if not t.role)
+    baseline_hit = [t.role for t in feasible if t.role and t.median_s <= target]
     limit = size + BASELINES
     splits = ", ".join(f"{k} {list(v)}" for k, v in space.splits.items() if len(v) > 1)
     print(
         f"space: {space.workload} {dict(space.sizes)}, {len(space.searched)} passes x {splits}"
-        f" = {size} points, {len({t.user_attrs['program_hash'] for t in complete})} distinct programs"
+        f" = {size} points, {len({t.program_hash for t in complete})} distinct programs"
     )
     print(
         f"optimum {optimum * 1e6:.1f} us; target <= {target * 1e6:.1f} us ({hits} of {size} grid points within 2%)"

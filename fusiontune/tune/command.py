@@ -29,7 +29,6 @@ import shlex
 import shutil
 import signal
 import socket
-import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -40,6 +39,7 @@ from typing import Any
 from fusiontune.config.flags import render_flags
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.config.switch_file import dump_switch_json
+from fusiontune.measure import MeasureConfig, Timing, is_noisy
 from fusiontune.passes.base import FusionReport
 from fusiontune.tune._job_output import (
     MetricError,
@@ -286,17 +286,14 @@ def _ok_result(
             request.trial, key, "", OK, reported=reported, node=node, fusion=fusion,
             median_s=math.nan, iqr_s=math.nan, cv=math.nan, min_s=math.nan, attempts=1, extra=extra,
         )
-    median = statistics.median(runtimes)
-    if len(runtimes) >= 2:
-        q = statistics.quantiles(runtimes, n=4, method="inclusive")
-        iqr = q[2] - q[0]
-        mean = statistics.fmean(runtimes)
-        cv = statistics.stdev(runtimes) / mean if mean else 0.0
-    else:
-        iqr = cv = 0.0
+    t = Timing.from_samples(tuple(runtimes), 1)
+    # The job's own runs are its samples; with 3 or more, a spread above the default limits of
+    # MeasureConfig (CV 10%, IQR 10% of the median) flags the trial, as a kernel's timing would be.
+    noisy = len(runtimes) >= 3 and is_noisy(t, MeasureConfig())
     return EvalResult(
-        request.trial, key, "", OK, median_s=median, iqr_s=iqr, cv=cv, min_s=min(runtimes),
-        samples_s=tuple(runtimes), reported=reported, node=node, fusion=fusion, attempts=1, extra=extra,
+        request.trial, key, "", OK, median_s=t.median_s, iqr_s=t.iqr_s, cv=t.cv, min_s=t.min_s,
+        samples_s=t.samples_s, ci_low_s=t.ci_low_s, ci_high_s=t.ci_high_s, noisy=noisy, attempts=1,
+        reported=reported, node=node, fusion=fusion, extra=extra,
     )
 
 
@@ -358,8 +355,9 @@ class CommandEvaluator:
         self._unnumbered = itertools.count()
 
     def trial_dir(self, request: EvalRequest) -> Path:
-        """``base_dir/<trial>``; a request outside a study (trial -1) gets ``base_dir/run-<k>``."""
-        name = str(request.trial) if request.trial >= 0 else f"run-{next(self._unnumbered)}"
+        """``base_dir/<trial>``; a request outside a study's trials gets ``base_dir/<label>``, or
+        ``base_dir/run-<k>`` without one."""
+        name = request.folder_name() or f"run-{next(self._unnumbered)}"
         return self.base_dir / name
 
     def evaluate(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:

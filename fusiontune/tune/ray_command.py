@@ -115,7 +115,7 @@ class RayCommandEvaluator:
                 # soft=False: a node that leaves fails the task instead of moving it elsewhere
                 strategy = NodeAffinitySchedulingStrategy(r.node, soft=False)
                 pinned = task.options(scheduling_strategy=strategy)
-            trial_dir = str(self.base_dir / str(r.trial))
+            trial_dir = str(self.base_dir / (r.folder_name() or f"run-{r.trial}"))
             refs.append(pinned.remote(self.target, r, trial_dir, self.term_grace_s))
         per_task = (self.target.timeout_s + self.term_grace_s + 5.0) * self.target.repeats
         limit = per_task * max(1, len(requests)) + _MARGIN_S
@@ -161,7 +161,7 @@ class RayCommandEvaluator:
                     request.node,
                     status=EvalStatus.WORKER_DIED,
                 )
-                trial_dir = str(self.base_dir / str(request.trial))
+                trial_dir = str(self.base_dir / (request.folder_name() or f"run-{request.trial}"))
                 out.append(dataclasses.replace(failed, extra={"trial_dir": trial_dir}))
         return out
 

@@ -84,6 +84,8 @@ class EvalRequest:
         node: measure on this node (its Ray node id or host name as ``EvalResult.node`` gives
             it); empty for any. The sweep pins its baseline measurements to each node so that
             every trial has a baseline from the node that measured it.
+        label: names a request outside a study's trials (``trial`` -1), e.g. a baseline
+            measurement ``baseline-<window>-<k>-defaults``: a command target's folder.
     """
 
     trial: int
@@ -92,9 +94,14 @@ class EvalRequest:
     timing: bool = True
     applications: bool = False
     node: str = ""
+    label: str = ""
 
     def key(self) -> str:
         return request_key(self.config, self.deny)
+
+    def folder_name(self) -> str:
+        """The trial's number, else its label, else "" (the caller numbers it)."""
+        return str(self.trial) if self.trial >= 0 else self.label
 
     def deny_map(self) -> dict[str, frozenset[int]]:
         return deny_map(self.deny)

@@ -598,6 +598,16 @@ class StudyStore:
         return Driver(self._storage)
 
 
+def constraint_of(trial: FrozenTrial) -> tuple[float]:
+    """A told trial's accuracy constraint ``(error - bound,)``: optuna's ``constraints_func``."""
+    return (float(trial.user_attrs[CONSTRAINT]),)
+
+
+def interrupted(trial: FrozenTrial) -> bool:
+    """A trial failed because its driver stopped or died before recording it."""
+    return trial.state == TrialState.FAIL and INTERRUPTED in trial.user_attrs
+
+
 def speedups(records: Sequence[TrialRecord], baselines: Sequence[Baseline]) -> dict[int, tuple[float, float]]:
     """Each measured trial's speedup against the defaults and against all-off.
 

@@ -50,14 +50,14 @@ from fusiontune.tune.records import EvalRequest, EvalResult, EvalStatus
 from fusiontune.tune.samplers import SamplerChoice, make_sampler
 from fusiontune.tune.store import (
     ALL_OFF,
-    CONSTRAINT,
     DEFAULTS,
-    INTERRUPTED,
     Baseline,
     StudyInfo,
     StudyStore,
     TrialRecord,
     baseline_for,
+    constraint_of,
+    interrupted,
 )
 from fusiontune.workloads.onnx_model import space_workload
 from fusiontune.workloads.space import (
@@ -111,7 +111,7 @@ def default_storage_url(study_name: str, results_root: str | Path = "results") -
 
 def trial_constraint(trial: FrozenTrial) -> tuple[float]:
     """The accuracy constraint of a told trial, ``(error - bound,)``: optuna's constraints_func."""
-    return (float(trial.user_attrs[CONSTRAINT]),)
+    return constraint_of(trial)
 
 
 def is_feasible(trial: FrozenTrial) -> bool:
@@ -510,7 +510,7 @@ class _Sweep:
         roles = self.store.roles()
         for role, params in baseline_params(self.space).items():  # defaults, then all_off
             attempts = roles.get(role, [])
-            if all(t.state == TrialState.FAIL and INTERRUPTED in t.user_attrs for t in attempts):
+            if all(interrupted(t) for t in attempts):
                 self.store.enqueue(params, role)
 
     def _baseline_due(self) -> bool:
@@ -529,8 +529,11 @@ class _Sweep:
         all_off = config_from_params(self.space, params[ALL_OFF])
         nodes_of = getattr(self.evaluator, "nodes", None)
         nodes = list(nodes_of() if callable(nodes_of) else []) or [""]
+        seq = len(self.baselines)
         requests = [
-            EvalRequest(-1, config, node=node) for node in nodes for config in (defaults, all_off)
+            EvalRequest(-1, config, node=node, label=f"baseline-{self.window}-{seq + i}-{role}")
+            for i, node in enumerate(nodes)
+            for role, config in ((DEFAULTS, defaults), (ALL_OFF, all_off))
         ]
         results = self.evaluator.evaluate(requests)
         finished = self.store.count_finished()
@@ -583,7 +586,7 @@ def _baseline_line(b: Baseline) -> str:
 
     def one(r: EvalResult) -> str:
         if not r.ok:
-            return f"failed ({r.status.value}: {r.error_msg})"
+            return f"failed ({r.error_msg or r.status.value})"
         return format_seconds(r.median_s) + (" (noisy)" if r.noisy else "")
 
     return f"baselines on {b.node or 'this machine'}: defaults {one(b.defaults)}, all-off {one(b.all_off)}"

@@ -23,7 +23,8 @@ from fusiontune.config.fusion_config import ConfigError, FusionConfig, JobPass, 
 from fusiontune.config.switch_file import dump_switch_json, load_config, loads_switch
 from fusiontune.tune._job_output import fusion_from_log, last_json_object
 from fusiontune.tune.command import CommandEvaluator
-from fusiontune.tune.records import EvalRequest
+from fusiontune.tune.records import EvalRequest, EvalStatus
+from fusiontune.tune.store import StudyStore
 from fusiontune.workloads.space import (
     SpaceError,
     baseline_params,
@@ -345,11 +346,8 @@ def test_tune_finds_the_example_jobs_optimum_and_reports_its_fusion(
     results = tmp_path / "results" / "job"
     study = optuna.load_study(study_name="job", storage=f"sqlite:///{results / 'study.db'}")
     space = load_space(path)
-    best = min(
-        (t for t in study.trials if t.state.name == "COMPLETE" and t.user_attrs["constraint"] <= 0),
-        key=lambda t: t.values[0],
-    )
-    assert best.values[0] == pytest.approx(best_s)
+    best = min((t for t in StudyStore(study).trials() if t.feasible), key=lambda t: t.median_s)
+    assert best.median_s == pytest.approx(best_s)
     assert load_config(results / "best_config.json") == optimum(space)
     assert load_config(results / "fusion_switch.cfg", passes=space.passes) == optimum(space)
     assert "winner" in out and "the defaults break the accuracy bound" in out
@@ -374,10 +372,12 @@ def test_a_sweep_with_a_hanging_configuration_completes(tmp_path: Path, monkeypa
     results = tmp_path / "results" / "job"
     study = optuna.load_study(study_name="job", storage=f"sqlite:///{results / 'study.db'}")
     assert len(study.trials) == 6
-    by_role = {t.user_attrs.get("role"): t for t in study.trials}
-    assert by_role["defaults"].state.name == "FAIL"  # TfMergeSubFusionPass is on in the defaults
-    assert by_role["defaults"].user_attrs["result"]["error_msg"].startswith("timed out after 1 s")
-    assert by_role["all_off"].state.name == "COMPLETE"
+    by_role = {t.role: t for t in StudyStore(study).trials()}
+    defaults = by_role["defaults"]
+    assert defaults.state == "FAIL"  # TfMergeSubFusionPass is on in the defaults
+    assert defaults.status == EvalStatus.TIMEOUT and defaults.result is not None
+    assert defaults.result.error_msg.startswith("timed out after 1 s")
+    assert by_role["all_off"].state == "COMPLETE"
     for t in study.trials:
         record = json.loads((results / "trials" / str(t.number) / "result.json").read_text())
         assert group_gone(record["runs"][0]["pgid"])

@@ -27,6 +27,7 @@ from fusiontune.tune.evaluator import LocalEvaluator
 from fusiontune.tune.ray_command import RayCommandEvaluator
 from fusiontune.tune.ray_evaluator import MEASURE_SLOT, RayEvaluator, start_ray
 from fusiontune.tune.records import EvalRequest, EvalResult, EvalStatus
+from fusiontune.tune.store import StudyStore
 from fusiontune.tune.study import run_tune
 from fusiontune.workloads import make_workload
 from fusiontune.workloads.space import load_space
@@ -295,10 +296,11 @@ class RemovesANode:
 def _told(url: str) -> dict[int, tuple[optuna.trial.TrialState, EvalResult]]:
     """Trial number -> its state and the result the sweep recorded."""
     study = optuna.load_study(study_name="s", storage=url)
-    return {
-        t.number: (t.state, EvalResult.from_json(t.user_attrs["result"]))
-        for t in study.get_trials(deepcopy=False)
-    }
+    told = {}
+    for t, record in zip(study.get_trials(deepcopy=False), StudyStore(study).trials(), strict=True):
+        assert record.result is not None
+        told[t.number] = (t.state, record.result)
+    return told
 
 
 def test_a_sweep_that_loses_a_node_fails_its_trials_and_finishes_on_the_rest(

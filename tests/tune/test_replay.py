@@ -14,6 +14,7 @@ from fusiontune.measure import ErrorMetrics
 from fusiontune.tune.evaluator import Evaluator, LocalEvaluator
 from fusiontune.tune.records import OK, EvalRequest, EvalResult
 from fusiontune.tune.replay import NOT_RECORDED, ReplayEvaluator
+from fusiontune.tune.store import StudyStore
 from fusiontune.tune.study import run_tune
 from fusiontune.workloads import make_workload
 from fusiontune.workloads.space import load_space
@@ -97,10 +98,9 @@ def recorded_study(tmp_path_factory) -> tuple[str, object]:
 def test_from_study_replays_every_measured_configuration(recorded_study):
     url, _ = recorded_study
     replay = ReplayEvaluator.from_study(url)
-    study = optuna.load_study(study_name="recorded", storage=url)
-    for t in study.trials:
-        config = FusionConfig.from_json(t.user_attrs["config"])
-        (result,) = replay.evaluate([EvalRequest(t.number, config)])
+    for t in StudyStore(optuna.load_study(study_name="recorded", storage=url)).trials():
+        assert t.config is not None
+        (result,) = replay.evaluate([EvalRequest(t.number, t.config)])
         assert result.ok and result.median_s == t.values[0]
 
 

@@ -25,7 +25,7 @@ from fusiontune.errors import UserError
 from fusiontune.tune._storage import DRIVER_ATTR, HEARTBEAT_ATTR
 from fusiontune.tune.evaluator import LocalEvaluator
 from fusiontune.tune.records import EvalRequest, EvalResult, EvalStatus
-from fusiontune.tune.store import StudyStore
+from fusiontune.tune.store import StudyStore, TrialRecord
 from fusiontune.tune.study import run_tune
 from fusiontune.workloads import make_workload
 from fusiontune.workloads.space import SearchSpace, config_from_params, load_space
@@ -118,6 +118,10 @@ def load(url: str, name: str = "s") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=url)
 
 
+def records(url: str, name: str = "s") -> list[TrialRecord]:
+    return StudyStore(load(url, name)).trials()
+
+
 def finished_numbers(study: optuna.Study) -> list[int]:
     return sorted(t.number for t in study.get_trials(deepcopy=False, states=FINISHED))
 
@@ -145,9 +149,9 @@ def test_rerun_with_the_budget_met_adds_nothing(space, workload, url):
 # ---- baselines -----------------------------------------------------------------------------------
 def test_baselines_are_enqueued_first_with_their_roles(space, workload, url):
     run_tune(space, Recording(workload, space.measure), url, "s", 4, progress=False)
-    trials = load(url).trials
-    assert [t.user_attrs.get("role") for t in trials] == ["defaults", "all_off", None, None]
-    assert FusionConfig.from_json(trials[0].user_attrs["config"]) == FusionConfig.defaults()
+    trials = records(url)
+    assert [t.role for t in trials] == ["defaults", "all_off", "", ""]
+    assert trials[0].config == FusionConfig.defaults()
     assert all(v == "off" for k, v in trials[1].params.items() if k.startswith("pass."))
 
 
@@ -155,7 +159,7 @@ def test_baselines_are_not_enqueued_again_on_resume(space, workload, url):
     ev = Recording(workload, space.measure)
     run_tune(space, ev, url, "s", 3, progress=False)
     run_tune(space, ev, url, "s", 6, progress=False)
-    roles = [t.user_attrs.get("role") for t in load(url).trials]
+    roles = [t.role for t in records(url)]
     assert roles.count("defaults") == 1 and roles.count("all_off") == 1
 
 
@@ -214,8 +218,9 @@ def test_every_sampler_runs_a_short_sweep(sampler, space, workload, url):
     assert result.n_finished == 5
     study = load(url)
     assert len(study.directions) == (2 if sampler == "nsga2" else 1)
-    for t in study.get_trials(states=(TrialState.COMPLETE,)):
-        assert t.constraints == {"0": t.user_attrs["constraint"]}
+    for t, record in zip(study.trials, records(url), strict=True):
+        if t.state == TrialState.COMPLETE:
+            assert t.constraints == {"0": record.constraint}
 
 
 def test_tpe_does_not_propose_a_configuration_again(space, workload, url):
@@ -263,8 +268,8 @@ def test_an_error_over_the_bound_is_an_infeasible_trial(tmp_path, workload, url)
     space = write_space(tmp_path, bound=1e-12)
     result = run_tune(space, Recording(workload, space.measure), url, "s", 3, progress=False)
     assert result.best_trial is None
-    for t in load(url).trials:
-        assert t.state == TrialState.COMPLETE and t.user_attrs["constraint"] > 0
+    for t in records(url):
+        assert t.state == "COMPLETE" and t.constraint is not None and t.constraint > 0
 
 
 def test_a_failed_evaluation_is_a_failed_trial(space, workload, url):
@@ -276,17 +281,16 @@ def test_a_failed_evaluation_is_a_failed_trial(space, workload, url):
 
     result = run_tune(space, Failing(workload, space.measure), url, "s", 3, progress=False)
     assert result.n_finished == 3 and result.best_trial is None
-    for t in load(url).trials:
-        assert t.state == TrialState.FAIL
-        assert t.user_attrs["result"]["error_msg"] == "kernel failed to compile"
+    for t in records(url):
+        assert t.state == "FAIL" and t.result is not None
+        assert t.result.error_msg == "kernel failed to compile"
 
 
 def test_best_trial_is_the_fastest_feasible(space, workload, url):
     result = run_tune(space, Recording(workload, space.measure), url, "s", 6, progress=False)
-    complete = load(url).get_trials(states=(TrialState.COMPLETE,))
-    best = min((t for t in complete if t.user_attrs["constraint"] <= 0), key=lambda t: t.values[0])
-    assert result.best_median_s == best.values[0]
-    assert complete[[t.number for t in complete].index(result.best_trial)].values == best.values
+    best = min((t for t in records(url) if t.feasible), key=lambda t: t.median_s)
+    assert result.best_median_s == best.median_s
+    assert result.best_trial == best.number or records(url)[result.best_trial].values == best.values
 
 
 def test_wall_time_budget_stops_starting_batches(space, workload, url):
@@ -408,8 +412,8 @@ def test_a_killed_driver_loses_only_its_trial_in_flight(space, url, tmp_path):
     assert [t.state for t in load(url).trials] == [TrialState.COMPLETE] * 2 + [TrialState.RUNNING]
     workload = make_workload("mindspore_custom_op")
     result = run_tune(space, Recording(workload, space.measure), url, "s", 5, progress=False)
-    trials = load(url).trials
-    assert trials[2].state == TrialState.FAIL and "interrupted" in trials[2].user_attrs
+    trials = records(url)
+    assert trials[2].state == "FAIL" and trials[2].interrupted
     assert result.n_finished == 5 and [t.number for t in trials] == list(range(5))
 
 
@@ -450,8 +454,8 @@ def test_a_study_with_other_parameters_is_refused(tmp_path, space, workload, url
 
 def test_config_of_every_trial_matches_its_params(space, workload, url):
     run_tune(space, Recording(workload, space.measure), url, "s", 5, progress=False)
-    for t in load(url).trials:
-        assert FusionConfig.from_json(t.user_attrs["config"]) == config_from_params(space, t.params)
+    for t in records(url):
+        assert t.config == config_from_params(space, t.params)
 
 
 # ---- on a real local Ray cluster -----------------------------------------------------------------
@@ -468,10 +472,10 @@ def test_a_ray_sweep_survives_a_worker_killed_mid_measurement(space, url, ray_cl
     finally:
         evaluator.close()
     assert result.n_finished == 6 and result.stopped_reason == "budget"
-    trials = load(url).trials
-    assert trials[1].state == TrialState.FAIL
-    assert trials[1].user_attrs["result"]["error_msg"]
-    assert [t.number for t in trials if t.state == TrialState.FAIL] == [1]
+    trials = records(url)
+    assert trials[1].state == "FAIL" and trials[1].status == EvalStatus.WORKER_DIED
+    assert trials[1].result is not None and trials[1].result.error_msg
+    assert [t.number for t in trials if t.state == "FAIL"] == [1]
     for t in trials:
-        if t.state == TrialState.COMPLETE:
-            assert t.user_attrs["result"]["node"]
+        if t.state == "COMPLETE":
+            assert t.result is not None and t.result.node
