@@ -26,7 +26,13 @@ from fusiontune.passes.base import FusionReport
 from fusiontune.report import build_report, format_top, load_study_frame, report_command
 from fusiontune.report.build import NO_FEASIBLE, NOT_CONFIRMED, NOT_DISTINGUISHABLE
 from fusiontune.report.plots import MISSING_SENTENCE
-from fusiontune.report.tables import pareto_front, pass_effect
+from fusiontune.report.tables import (
+    effective_params,
+    param_importance,
+    pareto_front,
+    pass_effect,
+    searched_params,
+)
 from fusiontune.tune.records import EvalResult
 from fusiontune.tune.store import StudyStore
 
@@ -103,7 +109,7 @@ def _params(config: FusionConfig) -> dict[str, object]:
 
 
 def _result(
-    number: int, config: FusionConfig, median: float | None, error: float | None
+    number: int, config: FusionConfig, median: float | None, error: float | None, noisy: bool = False
 ) -> EvalResult:
     phash = f"hash{2 if number == 5 else number}"
     if median is None:
@@ -120,8 +126,10 @@ def _result(
         program_hash=phash,
         status="ok",
         median_s=median,
-        iqr_s=median * 0.02,
-        cv=0.01,
+        iqr_s=median * (0.4 if noisy else 0.02),
+        cv=0.35 if noisy else 0.01,
+        noisy=noisy,
+        attempts=3 if noisy else 1,
         min_s=median * 0.98,
         samples_s=(median,) * 5,
         errors=ErrorMetrics(error * 3, error, error / 2, error / 10, True),
@@ -143,6 +151,7 @@ def make_study(
     confirmation: dict | None = CONFIRMATION,
     trials: dict = TRIALS,
     directions: int = 1,
+    noisy: set[int] | frozenset[int] = frozenset(),
 ) -> str:
     """A study in ``results/study.db`` written the way the tuning loop writes it."""
     results.mkdir(parents=True, exist_ok=True)
@@ -158,7 +167,7 @@ def make_study(
     study.set_user_attr("bound", BOUND)
     study.set_user_attr("machine", {"hostname": "node-a", "cpu_count": 2})
     for number, (config, median, error, role, reused) in trials.items():
-        result = _result(number, config, median, error)
+        result = _result(number, config, median, error, number in noisy)
         attrs: dict[str, object] = {
             "result": result.to_json(),
             "config": config.to_json(),
@@ -494,3 +503,36 @@ def test_a_study_with_no_trials_gives_tables_and_no_cfg(tmp_path: Path) -> None:
     assert names == {"trials.csv", "report.md", "report.html"} | (
         {"trials.parquet"} if _has_pyarrow() else set()
     )
+
+
+def test_passes_that_never_matched_are_listed_not_ranked(results: Path) -> None:
+    """GeluFusionPass is searched, but no trial's fusion report has it matching: no effect, no
+    importance, one line naming it; the passes that matched keep their effect."""
+    url = f"sqlite:///{results / 'study.db'}"
+    study = optuna.load_study(study_name=STUDY, storage=url)
+    searched = searched_params(study)
+    assert "pass.GeluFusionPass" in searched
+    effective, never = effective_params(study, searched)
+    assert never == ["GeluFusionPass", "TbeEltwiseSplitFusionPass"] and "pass.GeluFusionPass" not in effective
+    assert "pass.SoftmaxFusionPass" in effective and f"split.{SPLIT}" not in effective
+    importance, _method, _target = param_importance(study, effective)
+    assert importance is None or "pass.GeluFusionPass" not in importance
+    build_report(results)
+    md = (results / "report.md").read_text()
+    effect_section = md.split("## Per-pass effect")[1].split("\n## ")[0]
+    assert "Never matched in this workload" in effect_section and "GeluFusionPass" in effect_section
+    assert "| GeluFusionPass |" not in effect_section
+
+
+def test_a_noisy_measurement_is_flagged_in_every_table(tmp_path: Path) -> None:
+    noisy = dict(TRIALS)
+    out = tmp_path / "results" / STUDY
+    make_study(out, trials=noisy, noisy={6})
+    frame = load_study_frame(f"sqlite:///{out / 'study.db'}", STUDY)
+    assert list(frame.loc[frame["noisy"], "number"]) == [6]
+    row = [line for line in format_top(frame).splitlines()[2:] if line.split()[1] == "6"]
+    assert row and "noisy: CV" in row[0]
+    build_report(out)
+    assert "noisy: CV" in (out / "report.md").read_text()
+    csv = pd.read_csv(out / "trials.csv")
+    assert bool(csv.loc[csv["number"] == 6, "noisy"].iloc[0])
