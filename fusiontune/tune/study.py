@@ -346,18 +346,25 @@ class _Sweep:
             self.window,
         )
 
-    def _ask_share(self, batch: int, n_trials: int) -> list[_Asked] | None:
-        """Ask this driver's next trials under the study lock; None when the budget is given out.
+    def _ask_share(self, batch: int, n_trials: int) -> list[optuna.Trial] | None:
+        """Ask and stamp this driver's next trials under the study lock; None when the budget is
+        given out.
 
         Trials other drivers are running count against the budget; a dead driver's are failed
-        first (they count as finished).
+        first (they count as finished). Only asking and stamping happen under the lock: the
+        program hashes are computed after it is released.
         """
         with self.store.lock():
             self.store.fail_stale_trials()
             k = min(batch, n_trials - self.store.count_taken())
             if k <= 0:
                 return None
-            return [self._ask() for _ in range(k)]
+            trials = []
+            for _ in range(k):
+                trial = self.study.ask(self.dists)
+                self.driver.claim(trial._trial_id)
+                trials.append(trial)
+            return trials
 
     def _wait_for_peers(self, stop: StopSignal, deadline: float | None) -> bool:
         """Wait until no other driver has a trial in flight, failing the ones of dead drivers.
@@ -380,20 +387,23 @@ class _Sweep:
             time.sleep(_PEER_POLL_S)
         return False
 
-    def _run_batch(self, asked: list[_Asked]) -> int:
+    def _run_batch(self, trials: list[optuna.Trial]) -> int:
         told: set[int] = set()
+        asked: list[_Asked] = []
         try:
+            for trial in trials:
+                asked.append(self._resolve(trial))
             self._measure_and_tell(asked, told)
         finally:
             # An exception or a second Ctrl-C: what was asked and not told becomes a failed trial.
-            for item in asked:
-                if item.number not in told:
-                    self._fail_untold(item)
+            resolved = {item.number: item for item in asked}
+            for trial in trials:
+                if trial.number not in told:
+                    self._fail_untold(resolved.get(trial.number) or _Asked(trial, None, ""))
         return len(told)
 
-    def _ask(self) -> _Asked:
-        trial = self.study.ask(self.dists)
-        self.driver.claim(trial._trial_id)
+    def _resolve(self, trial: optuna.Trial) -> _Asked:
+        """A trial's configuration and program hash (milliseconds: the pipeline, no compile)."""
         try:
             config = config_from_params(self.space, trial.params)
         except Exception as e:  # a sampler's point the space cannot resolve: a failed trial
