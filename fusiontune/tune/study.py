@@ -301,7 +301,6 @@ class _Sweep:
         start_finished = self.store.count_finished()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         reason = STOP_BUDGET
-        told_here = 0
         with (
             StopSignal(self._echo) as stop,
             self.driver,
@@ -323,15 +322,13 @@ class _Sweep:
                 if self.is_grid and sampler.is_exhausted(self.study):
                     reason = STOP_GRID
                     break
-                if self._baseline_due():
-                    self._measure_baselines()
                 asked = self._ask_share(batch, n_trials)
                 if asked is None:  # the budget is given out; others may still be measuring
                     reason = STOP_BUDGET
                     if not self._wait_for_peers(stop, deadline):
                         reason = STOP_INTERRUPTED if stop.requested else STOP_TIMEOUT
                     break
-                told_here += self._run_batch(asked)
+                self._run_batch(asked)
             self.bar = None
         n_finished = self.store.count_finished()
         best_s, best_n = self.best if self.best is not None else (None, None)
@@ -391,6 +388,8 @@ class _Sweep:
         told: set[int] = set()
         asked: list[_Asked] = []
         try:
+            if self._baseline_due():  # before this window's first trial, then at intervals
+                self._measure_baselines()
             for trial in trials:
                 asked.append(self._resolve(trial))
             self._measure_and_tell(asked, told)
