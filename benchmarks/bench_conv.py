@@ -20,8 +20,6 @@ This is a benchmark, not a test: nothing is gated on time. Run it on a quiet mac
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -32,6 +30,7 @@ from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.builder import GraphBuilder
 from fusiontune.ir.graph import Graph
 from fusiontune.ir.ops import get_op
+from fusiontune.measure import MeasureConfig, time_interleaved
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import run_pipeline
 from fusiontune.runtime.program import build_program
@@ -82,27 +81,10 @@ def with_algo(graph: Graph, algo: str) -> FusedGraph:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int, min_s: float = 0.05) -> dict[str, tuple[float, float]]:
-    """Median and IQR (ms) of each callable, timed in interleaved rounds; each sample repeats the
-    call until ``min_s`` has passed (at least once)."""
-    for fn in fns.values():
-        fn()  # warm-up
-    reps: dict[str, int] = {}
-    for name, fn in fns.items():
-        t0 = time.perf_counter()
-        fn()
-        reps[name] = max(1, int(min_s / max(time.perf_counter() - t0, 1e-6)))
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(reps[name]):
-                fn()
-            samples[name].append((time.perf_counter() - t0) / reps[name] * 1e3)
-    out = {}
-    for name, s in samples.items():
-        q = statistics.quantiles(s, n=4) if len(s) >= 2 else [s[0]] * 3
-        out[name] = (statistics.median(s), q[2] - q[0])
-    return out
+    """Median and IQR (ms) of each callable, timed in interleaved rounds
+    (``fusiontune.measure.time_interleaved``); a sample repeats the call for about ``min_s``."""
+    timings = time_interleaved(list(fns.values()), rounds, MeasureConfig(warmup=1), min_sample_s=min_s)
+    return {name: (t.median_s * 1e3, t.iqr_s * 1e3) for name, t in zip(fns, timings, strict=True)}
 
 
 def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:

@@ -40,7 +40,7 @@ from fusiontune.measure import (
     Timing,
     machine_info,
     measure_copy_bandwidth,
-    time_callable,
+    time_interleaved,
 )
 from fusiontune.passes.pipeline import run_pipeline
 from fusiontune.runtime.program import Program, build_program
@@ -124,16 +124,10 @@ def bound_program(case: Case, config: FusionConfig) -> Program:
 def interleaved(
     fns: dict[str, Callable[[], object]], rounds: int, warmup: int
 ) -> dict[str, Timing]:
-    """Time every callable once per round, in turn, so drifting load hits all of them alike."""
-    one = MeasureConfig(warmup=0, number=1, repeat=1)
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(time_callable(fn, one).median_s)
-    return {name: Timing.from_samples(tuple(s), 1) for name, s in samples.items()}
+    """Time every callable once per round, in turn, so drifting load hits all of them alike
+    (``fusiontune.measure.time_interleaved``: one call per sample, too wide a spread retried)."""
+    timings = time_interleaved(list(fns.values()), rounds, MeasureConfig(warmup=warmup), min_sample_s=0.0)
+    return dict(zip(fns, timings, strict=True))
 
 
 def bench_case(case: Case, rounds: int, copy_bw: float) -> dict[str, Any]:
