@@ -176,6 +176,11 @@ def run_tune(
         _check_compatible(store, space, storage_url, sampler_name, choice.objectives)
         if not store.has_info():
             store.write_info(_study_info(space, sampler_name))
+        earlier = len(study.get_trials(deepcopy=False))
+    if earlier:
+        # A resumed study continues the seeded sequence instead of drawing its first points
+        # again (the same seed would repeat every earlier window's random and start-up trials).
+        study.sampler = make_sampler(sampler_name, space, (seed + earlier) % 2**32, n_trials, trial_constraint).sampler
     if graph is None and space.target is None:
         graph = space_workload(space).graph
     batch = batch_size or int(getattr(evaluator, "workers", 0) or 1)
@@ -525,19 +530,34 @@ class _Sweep:
     def _baseline_due(self) -> bool:
         if not self.baselines:
             return True
+        if self._nodes_without_baseline():  # a node that joined the cluster in this window
+            return True
+        return self._interval_due()
+
+    def _interval_due(self) -> bool:
         every = int(getattr(self.space, "baseline_every", 0) or 0)
         minutes = float(getattr(self.space, "baseline_minutes", 0.0) or 0.0)
         if every > 0 and self.told_since_baseline >= every:
             return True
         return minutes > 0 and time.monotonic() - self.baseline_at >= minutes * 60
 
+    def _nodes(self) -> list[str]:
+        """The evaluator's measuring nodes (``[""]``: one machine, whichever it is)."""
+        nodes_of = getattr(self.evaluator, "nodes", None)
+        return list(nodes_of() if callable(nodes_of) else []) or [""]
+
+    def _nodes_without_baseline(self) -> list[str]:
+        measured = {b.node for b in self.baselines}
+        return [n for n in self._nodes() if n and n not in measured]
+
     def _measure_baselines(self) -> None:
-        """Measure the defaults and all-off on every node of the evaluator, as this window's."""
+        """Measure the defaults and all-off, as this window's: on every node of the evaluator when
+        the interval is due, else only on nodes that have none in this window yet."""
         params = baseline_params(self.space)
         defaults = config_from_params(self.space, params[DEFAULTS])
         all_off = config_from_params(self.space, params[ALL_OFF])
-        nodes_of = getattr(self.evaluator, "nodes", None)
-        nodes = list(nodes_of() if callable(nodes_of) else []) or [""]
+        interval_due = not self.baselines or self._interval_due()
+        nodes = self._nodes() if interval_due else self._nodes_without_baseline()
         seq = len(self.baselines)
         requests = [
             EvalRequest(-1, config, node=node, label=f"baseline-{self.window}-{seq + i}-{role}")
@@ -560,8 +580,9 @@ class _Sweep:
             self.store.add_baseline(baseline)
             self.baselines.append(baseline)
             self._echo(_baseline_line(baseline))
-        self.told_since_baseline = 0
-        self.baseline_at = time.monotonic()
+        if interval_due:
+            self.told_since_baseline = 0
+            self.baseline_at = time.monotonic()
 
     def _baseline_id(self, result: EvalResult) -> str:
         found = baseline_for(self.baselines, self.window, result.node, math.inf)
