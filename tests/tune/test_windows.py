@@ -66,7 +66,7 @@ bound = 1e-3
 warmup = {warmup}
 repeat = {repeat}
 number = 1
-min_repeat_ms = 0.0
+min_repeat_ms = {min_repeat_ms}
 retries = 0
 
 [search]
@@ -88,9 +88,12 @@ KILL_AT_TRIAL = 9
 RESUMED_TOTAL = 16
 
 
-def write_space(tmp_path: Path, warmup: int = 0, repeat: int = 2) -> SearchSpace:
+def write_space(
+    tmp_path: Path, warmup: int = 0, repeat: int = 2, min_repeat_ms: float = 0.0
+) -> SearchSpace:
     path = tmp_path / "space.toml"
-    path.write_text(SPACE.replace("{warmup}", str(warmup)).replace("{repeat}", str(repeat)))
+    text = SPACE.replace("{warmup}", str(warmup)).replace("{repeat}", str(repeat))
+    path.write_text(text.replace("{min_repeat_ms}", repr(min_repeat_ms)))
     return load_space(path)
 
 
@@ -174,7 +177,9 @@ def stop(procs: Sequence[subprocess.Popen]) -> None:
 
 @pytest.mark.slow
 def test_a_sweep_killed_under_load_and_resumed_quiet_never_mixes_windows(tmp_path):
-    space = write_space(tmp_path, warmup=1, repeat=5)
+    # Samples of 20 ms or more span several scheduler slices: a 2 ms call alone may fit in one
+    # slice and never see the burners.
+    space = write_space(tmp_path, warmup=1, repeat=5, min_repeat_ms=20.0)
     url = f"sqlite:///{tmp_path / 'study.db'}"
     script = tmp_path / "driver.py"
     script.write_text(
