@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from fusiontune.report.tables import baseline_median, pareto_front, pass_effect
+from fusiontune.report.tables import baseline_median, best_so_far, pareto_front, pass_effect
 
 MISSING_SENTENCE = (
     "Plots were not drawn: matplotlib is not installed (pip install 'fusiontune[plots]')."
@@ -77,6 +77,7 @@ def plot_best_so_far(frame: pd.DataFrame, path: Path) -> Path | None:
     Returns:
         ``path``, or None when no trial was measured.
     """
+    frame = frame.sort_values("number", kind="stable")  # the table leads with the ranking
     measured = frame[frame["median_s"].notna()]
     if measured.empty:
         return None
@@ -85,16 +86,18 @@ def plot_best_so_far(frame: pd.DataFrame, path: Path) -> Path | None:
     feasible = measured[measured["feasible"]]
     _scatter(ax, measured["number"], measured)
     if not feasible.empty:
-        best = frame["median_s"].where(frame["feasible"]).cummin().ffill()
-        ax.step(
-            frame["number"], best * 1e3, where="post", color="black", label="best feasible so far"
-        )
+        best = best_so_far(frame)
+        ax.step(best.index, best * 1e3, where="post", color="black", label="best feasible so far")
     for role, style in (("defaults", "--"), ("all_off", ":")):
-        base = baseline_median(frame, role)
-        if base is not None:
-            ax.axhline(
-                base * 1e3, color="gray", linestyle=style, linewidth=1, label=role.replace("_", "-")
+        label = role.replace("_", "-")
+        own = measured[f"baseline_{role}_s"]
+        if own.notna().any():  # each trial's own baseline (its window, its node): drift shows
+            ax.step(
+                measured["number"], own * 1e3, where="post", color="gray", linestyle=style,
+                linewidth=1, label=f"{label} (each trial's baseline)",
             )
+        elif (base := baseline_median(frame, role)) is not None:  # a study with no baseline records
+            ax.axhline(base * 1e3, color="gray", linestyle=style, linewidth=1, label=label)
     _runtime_scale(ax, measured["median_s"])
     ax.set_xlabel("trial")
     ax.set_ylabel("median runtime (ms)")

@@ -49,6 +49,7 @@ _TAIL = (
     "speedup_vs_all_off",
     "baseline",
     "baseline_defaults_s",
+    "baseline_all_off_s",
     "program_hash",
     "reused_from",
     "kernels",
@@ -244,6 +245,7 @@ def _trial_row(
     row.update(
         baseline=trial.baseline,
         baseline_defaults_s=base.defaults_s if base is not None else math.nan,
+        baseline_all_off_s=base.all_off_s if base is not None else math.nan,
         program_hash=trial.program_hash,
         reused_from=trial.reused_from,
         kernels=result.kernels if ok and result is not None and not command else None,
@@ -337,6 +339,13 @@ def ranked(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["rank"].notna()].sort_values("rank", kind="stable").reset_index(drop=True)
 
 
+def best_so_far(frame: pd.DataFrame) -> pd.Series:
+    """The best feasible median after each trial, by trial number (NaN before the first)."""
+    by_number = frame.sort_values("number", kind="stable")
+    best = by_number["median_s"].where(by_number["feasible"]).cummin().ffill()
+    return pd.Series(best.to_numpy(), index=by_number["number"].to_numpy(), name="best_so_far_s")
+
+
 def baseline_median(frame: pd.DataFrame, role: str) -> float | None:
     """Median runtime of the first measured trial with ``role`` (defaults / all_off), or None."""
     rows = frame[
@@ -427,7 +436,7 @@ def accuracy_attribution(
     rows = []
     for p in PASSES:
         col = f"pass.{p.name}"
-        only = frame[(frame["role"] == f"only:{p.name}") & (frame["state"] == "COMPLETE")]
+        only = frame[(frame["role"] == f"only:{p.name}") & (frame["state"] == "COMPLETE")].sort_values("number")
         tried = col in frame.columns and (searched is None or col in searched)
         if p.exact or not (tried or (frame["role"] == f"only:{p.name}").any()):
             continue

@@ -27,6 +27,7 @@ from fusiontune.report import build_report, format_top, load_study_frame, report
 from fusiontune.report.build import NO_FEASIBLE, NOT_CONFIRMED, NOT_DISTINGUISHABLE
 from fusiontune.report.plots import MISSING_SENTENCE
 from fusiontune.report.tables import (
+    best_so_far,
     effective_params,
     param_importance,
     pareto_front,
@@ -536,3 +537,13 @@ def test_a_noisy_measurement_is_flagged_in_every_table(tmp_path: Path) -> None:
     assert "noisy: CV" in (out / "report.md").read_text()
     csv = pd.read_csv(out / "trials.csv")
     assert bool(csv.loc[csv["number"] == 6, "noisy"].iloc[0])
+
+
+def test_best_so_far_follows_trial_numbers_not_the_ranking(results: Path) -> None:
+    """The table leads with the ranking (2, 6, 0, 5, 1); the curve is over trial numbers."""
+    frame = load_study_frame(f"sqlite:///{results / 'study.db'}", STUDY)
+    assert list(frame["number"][:5]) == [2, 6, 0, 5, 1]
+    best = best_so_far(frame)
+    assert list(best.index) == sorted(TRIALS)
+    # Feasible medians by number: 0 -> 1.0 ms, 1 -> 2.0, 2 -> 0.5, 3 breaks the bound, 4 failed.
+    assert list(best * 1e3) == pytest.approx([1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5])
