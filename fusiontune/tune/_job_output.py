@@ -6,10 +6,18 @@ group (the whole match when it has none) is the value. Fusion statistics: CANN's
 ``fusion_result.json`` when the job leaves one, else GE's log lines
 ``GraphFusionPass[Name]: pattern=P, matched_times=N, effected_times=M`` (UBFusionPass too) found
 in its stdout and stderr, summed per pass over patterns and graphs.
+
+A metric is refused unless it can be one: a runtime must be a finite number > 0, an error a
+finite number >= 0 (a negative runtime would win the sweep, an ``Infinity`` error would pass no
+bound and a negative one every bound). A JSON value must be a JSON number (``"0.1"``, a string,
+is refused: the job meant something else, or nothing); a regular expression's match is text by
+nature and is parsed. The same rule (:func:`result_metric_problem`) is checked again where a
+job's result arrives from elsewhere: a Ray node, the confirmation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -17,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fusiontune.tune.records import EvalResult, EvalStatus
 from fusiontune.workloads.target import MetricSpec
 
 _FUSION_LINE = re.compile(
@@ -54,15 +63,47 @@ def _lookup(data: Mapping[str, Any], key: str) -> Any:
     return value
 
 
-def _number(value: Any, what: str) -> float:
+_RULES = {"runtime": "a runtime must be finite and > 0", "error": "an error must be finite and >= 0"}
+
+
+def _spelled(value: float) -> str:
+    """A number as the job would have printed it: ``-0.5``, ``Infinity``, ``NaN``."""
+    return json.dumps(value)
+
+
+def metric_problem(name: str, value: float, what: str | None = None) -> str:
+    """Why ``value`` cannot be the metric ``name`` (``runtime`` or ``error``), or "" when it can.
+
+    Args:
+        name: ``runtime`` (finite, > 0) or ``error`` (finite, >= 0); other names: finite.
+        value: the number read.
+        what: how the message names it (the job's key); ``name`` when None.
+    """
+    what = what or name
+    if name == "runtime":
+        bad = not (math.isfinite(value) and value > 0)
+    elif name == "error":
+        bad = not (math.isfinite(value) and value >= 0)
+    else:
+        bad = not math.isfinite(value)
+    if not bad:
+        return ""
+    return f"{what} is {_spelled(value)}: {_RULES.get(name, 'a metric must be finite')}"
+
+
+def _number(value: Any, name: str, what: str, *, text: bool) -> float:
+    """``value`` as the metric ``name``; ``text``: it came from a regex match (a string is parsed)."""
+    if isinstance(value, str) and not text:
+        raise MetricError(f"{what} is {json.dumps(value)[:80]}, a JSON string: it must be a JSON number")
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise MetricError(f"{what} is {json.dumps(value)[:80]}, not a number")
     try:
         number = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise MetricError(f"{what} is {value!r}, not a number") from None
-    if math.isnan(number):
-        raise MetricError(f"{what} is NaN")
+    problem = metric_problem(name, number, what)
+    if problem:
+        raise MetricError(problem)
     return number
 
 
@@ -75,7 +116,8 @@ def read_metric(spec: MetricSpec, stdout: str, data: Mapping[str, Any] | None) -
         data: its last JSON object (:func:`last_json_object`), None when it printed none.
 
     Raises:
-        MetricError: no JSON object, a missing key, no match, or a value that is not a number.
+        MetricError: no JSON object, a missing key, no match, a value that is not a number (a
+            JSON string included), or one the metric cannot have (:func:`metric_problem`).
     """
     if spec.regex is not None:
         matches = list(re.finditer(spec.regex, stdout, re.MULTILINE))
@@ -83,7 +125,7 @@ def read_metric(spec: MetricSpec, stdout: str, data: Mapping[str, Any] | None) -
             raise MetricError(f"{spec.name}_regex {spec.regex!r} matches nothing on stdout")
         m = matches[-1]
         text = m.group(1) if m.re.groups else m.group(0)
-        return _number(text, f"{spec.name} (from {spec.name}_regex)")
+        return _number(text, spec.name, f"{spec.name} (from {spec.name}_regex)", text=True)
     assert spec.key is not None
     if data is None:
         raise MetricError(
@@ -96,7 +138,36 @@ def read_metric(spec: MetricSpec, stdout: str, data: Mapping[str, Any] | None) -
         raise MetricError(
             f"metric key {spec.key!r} ({spec.name}) is not in the JSON object on stdout (its keys: {keys})"
         ) from None
-    return _number(value, f"{spec.key} ({spec.name})")
+    return _number(value, spec.name, spec.key, text=False)
+
+
+def result_metric_problem(result: EvalResult) -> str:
+    """Why an ``ok`` result of a command target cannot stand (:func:`metric_problem`), or "".
+
+    For results that arrive from elsewhere (a Ray node that may run another version, an
+    evaluator given to the confirmation): each runtime sample and the reported ``error``.
+    """
+    if not result.ok:
+        return ""
+    runtimes = result.samples_s or ((result.median_s,) if not math.isnan(result.median_s) else ())
+    for runtime in runtimes:
+        problem = metric_problem("runtime", runtime, "the runtime")
+        if problem:
+            return problem
+    if "error" not in result.reported:
+        return "the result has no reported error"
+    return metric_problem("error", float(result.reported["error"]), "the error")
+
+
+def refuse_bad_metrics(result: EvalResult) -> EvalResult:
+    """``result``, or a ``run failed`` copy of it when :func:`result_metric_problem` finds one."""
+    problem = result_metric_problem(result)
+    if not problem:
+        return result
+    return dataclasses.replace(
+        result, status=EvalStatus.RUN_FAILED, error_msg=problem, median_s=math.inf,
+        iqr_s=math.inf, cv=math.inf, min_s=math.inf, samples_s=(),
+    )
 
 
 def extra_metrics(data: Mapping[str, Any] | None) -> dict[str, float]:

@@ -45,8 +45,9 @@ def confirm_command(
 
     Round ``r`` runs every candidate once, starting one further along each round, through a
     :class:`~fusiontune.tune.command.CommandEvaluator` whose trial folders are
-    ``base_dir/round<r>/<trial>/``. A candidate whose job fails in any round is left out (the
-    note says why). The record is the one :func:`confirm` stores.
+    ``base_dir/round<r>/<trial>/``. A candidate whose job fails in any round, or reports a
+    metric it cannot have (a runtime not finite and > 0, an error not finite and >= 0), is left
+    out (the note says why). The record is the one :func:`confirm` stores.
 
     Args:
         study: the tuned study.
@@ -61,6 +62,7 @@ def confirm_command(
     Returns:
         The ``confirmation`` record.
     """
+    from fusiontune.tune._job_output import refuse_bad_metrics
     from fusiontune.tune.command import CommandEvaluator
     from fusiontune.tune.records import EvalRequest
 
@@ -81,6 +83,7 @@ def confirm_command(
         finally:
             evaluator.close()
         for c, result in zip(order, results, strict=True):
+            result = refuse_bad_metrics(result)  # the evaluator may be another's (a factory's)
             if not result.ok:
                 dropped[c.trial] = f"trial {c.trial} ({result.error_msg})"
                 continue

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fusiontune.errors import UserError
+from fusiontune.tune._job_output import refuse_bad_metrics
 from fusiontune.tune._job_process import TERM_GRACE_S
 from fusiontune.tune._ray_cluster import measuring_nodes, start_ray
 from fusiontune.tune._ray_worker import MEASURE_SLOT, import_ray, one_line
@@ -151,7 +152,8 @@ class RayCommandEvaluator:
                 )
                 continue
             try:
-                out.append(ray.get(ref))
+                # Checked again here: the node may run another fusiontune, with a laxer reader.
+                out.append(refuse_bad_metrics(ray.get(ref)))
             except ray.exceptions.RayError as exc:
                 where = f" on node {request.node}" if request.node else ""
                 failed = EvalResult.failure(
