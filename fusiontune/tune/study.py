@@ -146,7 +146,7 @@ def run_tune(
         sampler: ``tpe``, ``random``, ``grid`` or ``nsga2``; the space's sampler when None.
         seed: the sampler seed; the space's seed when None.
         batch_size: trials per batch; the evaluator's ``workers`` (1 when it has none).
-        progress: show a progress bar (only on a terminal).
+        progress: show a progress bar on a terminal, progress lines elsewhere (``_console``).
         graph: the workload graph for program hashes; built from the space when None (a
             command target has none: a configuration's key stands for its program).
         stop_when: called with every trial told; when it returns True the loop stops after
@@ -500,7 +500,7 @@ class _Sweep:
         if self.stop_when is not None and self.stop_when(frozen):
             self.stop_requested = True
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.told(result.ok)
 
     def _fail_untold(self, item: _Asked) -> None:
         message = "interrupted: the sweep stopped before this trial was measured"
