@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
@@ -215,8 +216,17 @@ def _file_stem(index: int, stage: str) -> str:
     return f"{index:02d}_{safe}"
 
 
+NO_DOT_NOTE = "dot (Graphviz) not found: wrote the .dot files, no PNGs"
+
+
+def _note_stderr(message: str) -> None:
+    print(f"fusiontune: note: {message}", file=sys.stderr)
+
+
 def write_stage_dumps(
-    snapshots: Sequence[tuple[str, GraphLike]], directory: str | Path
+    snapshots: Sequence[tuple[str, GraphLike]],
+    directory: str | Path,
+    note: Callable[[str], None] | None = _note_stderr,
 ) -> list[Path]:
     """Write ``NN_<stage>.dot`` and ``NN_<stage>.txt`` for each stage, and a PNG when Graphviz is here.
 
@@ -224,6 +234,9 @@ def write_stage_dumps(
         snapshots: ``(stage name, graph after that stage)`` in pipeline order; ``NN`` is the
             position (00, 01, ...). Characters unsafe in file names become ``_``.
         directory: where to write; created if missing.
+        note: told :data:`NO_DOT_NOTE` once, before any stage, when the ``dot`` binary is not on
+            PATH (a user who asked for dumps would otherwise look for PNGs that never come);
+            default: a ``fusiontune: note:`` line on stderr; None says nothing.
 
     Returns:
         The paths written, per stage: the ``.dot``, the ``.txt``, then the ``.png`` when the
@@ -232,6 +245,8 @@ def write_stage_dumps(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     dot_binary = shutil.which("dot")
+    if dot_binary is None and note is not None:
+        note(NO_DOT_NOTE)
     written: list[Path] = []
     for index, (stage, snapshot) in enumerate(snapshots):
         stem = _file_stem(index, stage)
