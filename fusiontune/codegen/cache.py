@@ -1,27 +1,55 @@
 """The kernel cache: generated source -> compiled numba function, in memory and on disk.
 
-Each kernel's module is written once to ``<cache dir>/k_<key>.py`` (``key`` hashes the source and
-the argument types, and shapes are literals in the source) and imported; its function carries
-``cache=True`` and an eager signature, so numba compiles it at import and keeps the machine code in
-``__pycache__`` beside the module. A kernel that appears in many configurations therefore compiles
-once per machine.
+Layout. Each kernel's module is written once to ``<cache dir>/k_<key>.py``; ``key``
+(:attr:`KernelSource.key`) hashes the source, the argument types, numba's version and the text of
+the fusiontune modules the source imports, and shapes are literals in the source. Its function
+carries ``cache=True`` and an eager signature, so numba compiles it at import and keeps the
+machine code in an index (``.nbi``) and data files (``.nbc``) in ``__pycache__`` beside the
+module; ``k_<key>.sums.json`` records their sha256 digests. A kernel that appears in many
+configurations therefore compiles once per machine.
 
-Several processes (Ray workers) may write the same kernel at once. The module is written to a
-temporary file and hard-linked into place, which fails harmlessly when another process won: the
-file is never rewritten, so its timestamp, which numba's cache index checks, never changes under
-a reader. numba writes its own cache files through a temporary file and a rename.
+Verification. The module's first line names the key and the sha256 of the rest of the text, and
+before an entry is used its file must equal, byte for byte, the text generated in this process;
+the code executed is that in-memory text, never a second read of the file. numba checks neither
+the data files it unpickles (a truncated or garbage file raises ``UnpicklingError`` out of the
+import) nor the machine code inside them: a few flipped bytes in a still-unpicklable ``.nbc``
+load silently and then crash the process (SIGSEGV, SIGILL) or compute something else. So every
+index and data file must match its recorded digest before numba may read it; a file without one
+is not trusted.
+
+Quarantine. Any damage -- a ``.py`` that differs from its source, a digest mismatch, machine code
+without a digest, or an exception out of the import -- moves the entry's files into
+``<cache dir>/quarantine/<time>-<pid>-<random>/`` (with ``reason.txt``), logs one warning naming
+the entry, and compiles the kernel again from its in-memory source. A damaged entry never reaches
+the caller as an exception; a kernel that fails to compile from a clean state does (that is a bug
+in the generated code, not in the cache).
+
+Concurrency. Several processes (Ray workers) may compile, load and quarantine the same kernel at
+once. The module is written to a temporary file and hard-linked into place, which fails harmlessly
+when another process won: it is never rewritten in place. numba writes its files through a
+temporary file and a rename, and the digests are written the same way; compiles are
+deterministic, so concurrent writers write the same bytes. Each file is quarantined by renaming it
+to a private name and checking that it is still the file this process judged (same inode, size
+and mtime); a file that another process has meanwhile replaced with a healthy one is linked back.
+Machine code written in the last seconds without a digest yet is given a moment for its writer
+to record one. Only the process that moved files warns.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numba
@@ -30,6 +58,18 @@ from fusiontune.codegen.common import KernelSource
 
 _MEMORY: dict[str, Callable[..., None]] = {}
 _LOCK = threading.Lock()
+# One disk load at a time per process: the module name in sys.modules is per key.
+_LOAD_LOCK = threading.Lock()
+_LOG = logging.getLogger(__name__)
+
+# Loads of the shared entry before falling back to a private compile.
+_ATTEMPTS = 3
+# A writer records digests right after numba writes its files; machine code younger than
+# _FRESH_S without a matching digest is waited on for up to _GRACE_S before it counts as damage.
+_FRESH_S = 30.0
+_GRACE_S = 2.0
+
+Identity = tuple[int, int, int]  # (inode, size, mtime_ns): "the same file I looked at"
 
 
 def cache_dir() -> Path:
@@ -60,6 +100,246 @@ class CompiledKernel:
     source: str
 
 
+def module_text(src: KernelSource) -> str:
+    """The exact text of ``src``'s cache module: a header with key and body digest, then the source.
+
+    Args:
+        src: the generated kernel.
+
+    Returns:
+        ``# fusiontune kernel <key> sha256 <digest of src.source>`` and a newline, then the source.
+    """
+    return f"# fusiontune kernel {src.key} sha256 {_sha256(src.source.encode())}\n{src.source}"
+
+
+def compile_kernel(src: KernelSource) -> CompiledKernel:
+    """Return the compiled kernel for ``src``, compiling only on a miss of both caches.
+
+    A damaged disk entry is quarantined, reported by one logged warning, and compiled again.
+
+    Args:
+        src: the generated kernel.
+
+    Returns:
+        The kernel and where it came from.
+
+    Raises:
+        Exception: whatever numba raises when ``src`` itself does not compile.
+    """
+    key = src.key
+    with _LOCK:
+        fn = _MEMORY.get(key)
+    if fn is not None:
+        return CompiledKernel(fn, key, 0.0, "memory")
+    t0 = time.perf_counter()
+    with _LOAD_LOCK:
+        fn = _load_healing(src)
+    with _LOCK:
+        _MEMORY[key] = fn
+    return CompiledKernel(fn, key, time.perf_counter() - t0, "disk" if _cache_hits(fn) else "compiled")
+
+
+def clear_memory_cache() -> None:
+    """Forget loaded kernels (tests use it to observe disk-cache behaviour)."""
+    with _LOCK:
+        _MEMORY.clear()
+
+
+# ---- one entry on disk -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Entry:
+    """A kernel's files as one look found them, and what was wrong with them.
+
+    Attributes:
+        py: the module path.
+        files: every file of the entry that existed, with its identity when looked at.
+        machine: numba's index and data files among ``files``.
+        recorded: whether a digest file existed.
+        damage: why the entry cannot be used, or ``""``.
+    """
+
+    py: Path
+    files: Mapping[Path, Identity] = field(default_factory=dict)
+    machine: tuple[Path, ...] = ()
+    recorded: bool = False
+    damage: str = ""
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _identity(path: Path) -> Identity | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _sums_path(py: Path) -> Path:
+    return py.with_suffix(".sums.json")
+
+
+def _numba_dir(py: Path) -> Path:
+    # numba's own rule (numba.core.caching): NUMBA_CACHE_DIR mirrors the source's folder under a
+    # hashed name, otherwise machine code goes to __pycache__ beside the source.
+    if numba.config.CACHE_DIR:
+        from numba.core.caching import _CacheLocator
+
+        return Path(numba.config.CACHE_DIR) / _CacheLocator.get_suitable_cache_subpath(str(py))
+    return py.parent / "__pycache__"
+
+
+def _machine_files(py: Path) -> list[Path]:
+    # numba's temporary files (``<name>.tmp.<uid>``) are another process's writes in flight.
+    return sorted(
+        p
+        for p in _numba_dir(py).glob(f"{py.stem}.*")
+        if p.suffix in (".nbi", ".nbc") and ".tmp." not in p.name
+    )
+
+
+def _module_damage(data: bytes, text: str) -> str:
+    want = text.encode()
+    if data == want:
+        return ""
+    if want.startswith(data):
+        return f"truncated: {len(data)} of {len(want)} bytes"
+    head, _, body = data.partition(b"\n")
+    want_head = want.partition(b"\n")[0]
+    if head.split()[:4] != want_head.split()[:4]:
+        return "its first line does not name this kernel"
+    if head.split()[4:] != [b"sha256", _sha256(body).encode()]:
+        return "its text does not match the digest in its first line"
+    return "its text differs from this kernel's source"
+
+
+def _read_sums(py: Path) -> dict[str, str] | None:
+    try:
+        raw = _sums_path(py).read_bytes()
+    except FileNotFoundError:
+        return None
+    sums = json.loads(raw)  # ValueError on garbage: the caller calls the entry damaged
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        raise ValueError("not a mapping of file names to digests")
+    return sums
+
+
+def _look(py: Path, text: str) -> _Entry:
+    """One look at the entry of ``py``: its files, and the first thing wrong with them."""
+    files: dict[Path, Identity] = {}
+    machine = _machine_files(py)
+    for p in [py, _sums_path(py), *machine]:
+        ident = _identity(p)
+        if ident is not None:
+            files[p] = ident
+    damage = ""
+    if py in files:
+        try:
+            damage = _module_damage(py.read_bytes(), text)
+        except FileNotFoundError:
+            del files[py]  # quarantined by another process since the stat: nothing to judge
+    recorded = _sums_path(py) in files
+    try:
+        sums = _read_sums(py)
+    except ValueError as e:
+        return _Entry(py, files, tuple(machine), recorded, damage or f"unreadable digests ({e})")
+    if not damage:
+        damage = _machine_damage(machine, sums or {})
+    return _Entry(py, files, tuple(machine), recorded, damage)
+
+
+def _machine_damage(machine: list[Path], sums: Mapping[str, str]) -> str:
+    for p in machine:
+        try:
+            digest = _sha256(p.read_bytes())
+        except FileNotFoundError:
+            continue  # moved away since listed: numba then compiles, nothing to judge
+        if p.name not in sums:
+            return f"{p.name} has no recorded digest"
+        if digest != sums[p.name]:
+            return f"{p.name} does not match its recorded digest"
+    return ""
+
+
+def _look_patiently(py: Path, text: str) -> _Entry:
+    # Machine code another process has just written may be waiting for its digests: judge it
+    # only once they had time to arrive.
+    deadline = time.monotonic() + _GRACE_S
+    while True:
+        entry = _look(py, text)
+        fresh = any(
+            time.time() - ident[2] / 1e9 < _FRESH_S
+            for p, ident in entry.files.items()
+            if p in entry.machine
+        )
+        machine_only = entry.damage.startswith(tuple(p.name for p in entry.machine))
+        if not (entry.damage and machine_only and fresh) or time.monotonic() > deadline:
+            return entry
+        time.sleep(0.05)
+
+
+def _record(py: Path) -> None:
+    """Write the digests of the entry's machine code as it is on disk now."""
+    sums = {}
+    for p in _machine_files(py):
+        try:
+            sums[p.name] = _sha256(p.read_bytes())
+        except FileNotFoundError:
+            pass
+    target = _sums_path(py)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp_", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(sums, f, indent=1, sort_keys=True)
+    os.replace(tmp, target)
+
+
+def _quarantine(entry: _Entry, reason: str) -> Path | None:
+    """Move the files of ``entry`` that are still the ones looked at into a new quarantine folder.
+
+    Returns:
+        The folder, or None when another process had already moved (or replaced) every file.
+    """
+    folder = entry.py.parent / "quarantine" / (
+        f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    )
+    moved = False
+    for path, ident in entry.files.items():
+        private = path.with_name(f".q_{uuid.uuid4().hex[:8]}_{path.name}")
+        try:
+            os.rename(path, private)  # atomic: of two processes, one gets the file
+        except FileNotFoundError:
+            continue
+        if _identity(private) != ident:
+            # Another process healed the entry after this one looked: give its file back.
+            try:
+                os.link(private, path)
+            except FileExistsError:
+                pass  # yet another writer put the same text there
+            os.unlink(private)
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.move(private, folder / path.name)  # a rename unless NUMBA_CACHE_DIR is elsewhere
+        moved = True
+    if not moved:
+        return None
+    (folder / "reason.txt").write_text(f"{entry.py}\n{reason}\n")
+    return folder
+
+
+def _heal(entry: _Entry, reason: str) -> None:
+    folder = _quarantine(entry, reason)
+    if folder is not None:
+        # No handler configured (the CLI) -> logging's last resort prints exactly this to stderr.
+        _LOG.warning(
+            "fusiontune: warning: kernel cache entry %s was damaged (%s); moved to %s, recompiled",
+            entry.py,
+            reason,
+            folder,
+        )
+
+
 def _write_once(path: Path, text: str) -> None:
     if path.exists():
         return
@@ -75,31 +355,69 @@ def _write_once(path: Path, text: str) -> None:
         os.unlink(tmp)
 
 
-def compile_kernel(src: KernelSource) -> CompiledKernel:
-    """Return the compiled kernel for ``src``, compiling only on a miss of both caches."""
-    key = src.key
-    with _LOCK:
-        fn = _MEMORY.get(key)
-    if fn is not None:
-        return CompiledKernel(fn, key, 0.0, "memory")
-    t0 = time.perf_counter()
-    directory = cache_dir()
-    path = directory / f"k_{key}.py"
-    _write_once(path, f"# fusiontune kernel {key}\n" + src.source)
-    modname = f"fusiontune_kernels.k_{key}"
-    spec = importlib.util.spec_from_file_location(modname, path)
-    assert spec is not None and spec.loader is not None
+def _exec_module(py: Path, text: str, name: str) -> Callable[..., None]:
+    modname = f"fusiontune_kernels.{py.stem}"
+    spec = importlib.util.spec_from_file_location(modname, py)
+    assert spec is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module
-    spec.loader.exec_module(module)
-    fn = getattr(module, src.name)
-    hits = sum(fn.stats.cache_hits.values()) if hasattr(fn, "stats") else 0
-    with _LOCK:
-        _MEMORY[key] = fn
-    return CompiledKernel(fn, key, time.perf_counter() - t0, "disk" if hits else "compiled")
+    try:
+        # The verified text, not a second read of the file; numba still finds its cache beside
+        # the file through the code's file name, and checks that file's content hash.
+        exec(compile(text, str(py), "exec"), module.__dict__)
+        fn: Callable[..., None] = getattr(module, name)
+    except BaseException:
+        sys.modules.pop(modname, None)
+        raise
+    return fn
 
 
-def clear_memory_cache() -> None:
-    """Forget loaded kernels (tests use it to observe disk-cache behaviour)."""
-    with _LOCK:
-        _MEMORY.clear()
+def _load_healing(src: KernelSource) -> Callable[..., None]:
+    py = cache_dir() / f"k_{src.key}.py"
+    text = module_text(src)
+    for _ in range(_ATTEMPTS):
+        entry = _look_patiently(py, text)
+        if entry.damage:
+            _heal(entry, entry.damage)
+            continue  # look again: another process may have written the entry meanwhile
+        _write_once(py, text)
+        files = dict(entry.files)
+        ident = _identity(py)
+        if ident is not None:
+            files.setdefault(py, ident)
+        try:
+            fn = _exec_module(py, text, src.name)
+        except Exception as e:
+            if not entry.machine and _identity(py) == ident:
+                raise  # a clean compile of verified text failed: the source's fault, not the cache's
+            first = (str(e).splitlines() or [""])[0][:160]
+            _heal(_Entry(py, files, entry.machine), f"{type(e).__name__}: {first}")
+            continue
+        if not entry.recorded or not _cache_hits(fn):
+            _record(py)
+        return fn
+    return _load_private(src, py, text)
+
+
+def _cache_hits(fn: Callable[..., None]) -> int:
+    stats = getattr(fn, "stats", None)
+    return sum(stats.cache_hits.values()) if stats is not None else 0
+
+
+def _load_private(src: KernelSource, py: Path, text: str) -> Callable[..., None]:
+    # The shared entry stayed damaged through every attempt (a file this process cannot move, or
+    # writers that keep damaging it): compile in a folder of this process's own and drop it.
+    folder = Path(tempfile.mkdtemp(prefix="fusiontune-kernel-"))
+    try:
+        private = folder / py.name
+        private.write_text(text)
+        fn = _exec_module(private, text, src.name)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    _LOG.warning(
+        "fusiontune: warning: kernel cache entry %s stayed damaged after %d attempts; compiled"
+        " without the disk cache",
+        py,
+        _ATTEMPTS,
+    )
+    return fn

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+import numba
 import numpy as np
 
 from fusiontune.codegen.rules import NUMERICS_FUNCTIONS
@@ -53,11 +57,56 @@ class KernelSource:
 
     @property
     def key(self) -> str:
-        """Hash of source and argument types: the kernel cache key."""
+        """The kernel cache key: a hash of everything the compiled machine code depends on.
+
+        That is the source, the argument types, numba's version, and the text of every fusiontune
+        module the source imports (directly or through another one): numba's disk cache of a
+        kernel checks only the kernel's own file, so machine code inlined from an edited helper
+        (codegen/blas.py, codegen/numerics.py) would otherwise outlive the edit.
+        """
         h = hashlib.sha256(self.source.encode())
         for a in self.args:
             h.update(f"{a.shape}{a.dtype}{a.role}".encode())
+        h.update(f"numba {numba.__version__}".encode())
+        for name in helper_modules(self.source):
+            h.update(f"{name} {_module_digest(name)}".encode())
         return h.hexdigest()[:20]
+
+
+_FUSIONTUNE_IMPORT = re.compile(r"^[ \t]*(?:from|import)[ \t]+(fusiontune(?:\.\w+)*)", re.MULTILINE)
+
+
+def helper_modules(source: str) -> tuple[str, ...]:
+    """The fusiontune modules that ``source`` imports, directly or through one another, sorted.
+
+    Args:
+        source: Python source text, e.g. a generated kernel module.
+
+    Returns:
+        Dotted module names, e.g. ``("fusiontune.codegen.blas",)``.
+    """
+    seen: set[str] = set()
+    todo = _FUSIONTUNE_IMPORT.findall(source)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_FUSIONTUNE_IMPORT.findall(_module_text(name)))
+    return tuple(sorted(seen))
+
+
+@functools.cache
+def _module_text(name: str) -> str:
+    # Read once per process: the version loaded here is the one a kernel compiled here links.
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return ""
+    return Path(spec.origin).read_text(encoding="utf-8")
+
+
+@functools.cache
+def _module_digest(name: str) -> str:
+    return hashlib.sha256(_module_text(name).encode()).hexdigest()
 
 
 def numba_type(dtype: str, rank: int) -> str:
