@@ -63,7 +63,10 @@ def _lookup(data: Mapping[str, Any], key: str) -> Any:
     return value
 
 
-_RULES = {"runtime": "a runtime must be finite and > 0", "error": "an error must be finite and >= 0"}
+_RULES = {
+    "runtime": "a runtime must be finite and > 0",
+    "error": "an error must be finite and >= 0",
+}
 
 
 def _spelled(value: float) -> str:
@@ -94,7 +97,9 @@ def metric_problem(name: str, value: float, what: str | None = None) -> str:
 def _number(value: Any, name: str, what: str, *, text: bool) -> float:
     """``value`` as the metric ``name``; ``text``: it came from a regex match (a string is parsed)."""
     if isinstance(value, str) and not text:
-        raise MetricError(f"{what} is {json.dumps(value)[:80]}, a JSON string: it must be a JSON number")
+        raise MetricError(
+            f"{what} is {json.dumps(value)[:80]}, a JSON string: it must be a JSON number"
+        )
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise MetricError(f"{what} is {json.dumps(value)[:80]}, not a number")
     try:
@@ -129,7 +134,7 @@ def read_metric(spec: MetricSpec, stdout: str, data: Mapping[str, Any] | None) -
     assert spec.key is not None
     if data is None:
         raise MetricError(
-            f"no JSON object on stdout (expected a last line like {{\"{spec.key}\": ...}})"
+            f'no JSON object on stdout (expected a last line like {{"{spec.key}": ...}})'
         )
     try:
         value = _lookup(data, spec.key)
@@ -165,8 +170,14 @@ def refuse_bad_metrics(result: EvalResult) -> EvalResult:
     if not problem:
         return result
     return dataclasses.replace(
-        result, status=EvalStatus.RUN_FAILED, error_msg=problem, median_s=math.inf,
-        iqr_s=math.inf, cv=math.inf, min_s=math.inf, samples_s=(),
+        result,
+        status=EvalStatus.RUN_FAILED,
+        error_msg=problem,
+        median_s=math.inf,
+        iqr_s=math.inf,
+        cv=math.inf,
+        min_s=math.inf,
+        samples_s=(),
     )
 
 

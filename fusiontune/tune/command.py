@@ -13,8 +13,10 @@ own, ``<base>/<trial number>/`` (``results/<study>/trials/<n>/`` for a sweep,
 
 The placeholders of the command, its environment and its working directory are filled from these
 files (:data:`fusiontune.workloads.target.PLACEHOLDERS`). A non-zero exit, a timeout (the job's
-whole process group is killed), a start failure, or output without the metrics is a failed
-result whose message names the reason and the log; the sweep goes on. Fusion statistics come
+whole process group is killed, and every process it started, a daemonized one too: see
+:mod:`~fusiontune.tune._job_process`), a start failure, or output without the metrics, or with a
+metric the job cannot have (a runtime not finite and > 0, an error not finite and >= 0), is a
+failed result whose message names the reason and the log; the sweep goes on. Fusion statistics come
 from a ``fusion_result.json`` the job leaves in the trial folder (or, written during the run, in
 its working directory), else from GE log lines with ``matched_times`` / ``effected_times``.
 """

@@ -50,13 +50,25 @@ def run_job(tmp_path: Path, last_line: str, metrics: str = KEYS) -> EvalResult:
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        ('{"runtime_s": -0.5, "error": 0.0}', "runtime_s is -0.5: a runtime must be finite and > 0"),
+        (
+            '{"runtime_s": -0.5, "error": 0.0}',
+            "runtime_s is -0.5: a runtime must be finite and > 0",
+        ),
         ('{"runtime_s": 0, "error": 0.0}', "runtime_s is 0.0: a runtime must be finite and > 0"),
-        ('{"runtime_s": Infinity, "error": 0.0}', "runtime_s is Infinity: a runtime must be finite"),
+        (
+            '{"runtime_s": Infinity, "error": 0.0}',
+            "runtime_s is Infinity: a runtime must be finite",
+        ),
         ('{"runtime_s": NaN, "error": 0.0}', "runtime_s is NaN: a runtime must be finite and > 0"),
-        ('{"runtime_s": 0.01, "error": -0.001}', "error is -0.001: an error must be finite and >= 0"),
+        (
+            '{"runtime_s": 0.01, "error": -0.001}',
+            "error is -0.001: an error must be finite and >= 0",
+        ),
         ('{"runtime_s": 0.01, "error": -Infinity}', "error is -Infinity: an error must be finite"),
-        ('{"runtime_s": 0.01, "error": "0.1"}', 'error is "0.1", a JSON string: it must be a JSON number'),
+        (
+            '{"runtime_s": 0.01, "error": "0.1"}',
+            'error is "0.1", a JSON string: it must be a JSON number',
+        ),
         ('{"runtime_s": "0.01", "error": 0.1}', 'runtime_s is "0.01", a JSON string'),
         ('{"runtime_s": 1e999, "error": 0.1}', "runtime_s is Infinity"),  # overflows to inf
     ],
@@ -84,7 +96,9 @@ def test_a_regex_match_is_text_and_is_parsed_but_must_obey_the_rule(tmp_path: Pa
     ok = run_job(tmp_path, "took 0.25 s, err=1e-4", metrics)
     assert ok.ok and ok.median_s == 0.25 and ok.reported["error"] == 1e-4
     bad = run_job(tmp_path, "took -0.25 s, err=1e-4", metrics)
-    assert bad.error_msg.startswith("runtime (from runtime_regex) is -0.25: a runtime must be finite")
+    assert bad.error_msg.startswith(
+        "runtime (from runtime_regex) is -0.25: a runtime must be finite"
+    )
     inf = run_job(tmp_path, "took 0.25 s, err=inf", metrics)
     assert inf.error_msg.startswith("error (from error_regex) is Infinity: an error must be finite")
 
@@ -98,8 +112,14 @@ def test_read_metric_refuses_a_json_string_but_not_the_same_text_from_a_regex() 
 
 def _ok(samples: tuple[float, ...], error: float) -> EvalResult:
     return EvalResult(
-        3, "k", "", EvalStatus.OK, median_s=sorted(samples)[len(samples) // 2],
-        samples_s=samples, reported={"error": error}, node="n",
+        3,
+        "k",
+        "",
+        EvalStatus.OK,
+        median_s=sorted(samples)[len(samples) // 2],
+        samples_s=samples,
+        reported={"error": error},
+        node="n",
     )
 
 
