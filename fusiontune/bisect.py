@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -563,39 +564,98 @@ def default_bad() -> FusionConfig:
     return FusionConfig.defaults().with_switches(**inexact)
 
 
-def bisect_command(args: Any) -> int:
-    """``fusiontune bisect SPACE``: find the culprits, print each evaluation, write the outputs."""
+@dataclass(frozen=True)
+class BisectOptions:
+    """What one bisection is asked to do; None means the space's own setting or the default.
+
+    Attributes:
+        space: the search space file: the workload (or command target), metric and bound.
+        bad: a ``fusion_switch.cfg`` or ``best_config.json`` that loses accuracy (default:
+            :func:`default_bad`, or a job's defaults).
+        good: one that holds the bound (default: every switchable pass off).
+        bound: the accuracy bound (finite, > 0).
+        metric: max_abs, max_rel, rel_l2 or cosine.
+        name: the output folder ``results/<name>/`` (default: the space's name).
+        workers: 0 evaluates in this process; K >= 1 uses K Ray workers.
+        ray_address: join this running Ray cluster (with workers).
+        replay: answer from a recorded ``study.db`` or ``bisect.json`` instead of measuring.
+    """
+
+    space: Path
+    bad: Path | None = None
+    good: Path | None = None
+    bound: float | None = None
+    metric: str | None = None
+    name: str | None = None
+    workers: int = 0
+    ray_address: str | None = None
+    replay: str | None = None
+
+
+def bisect_command(options: BisectOptions) -> int:
+    """Find the culprits of a space's accuracy loss, print each evaluation, write the outputs.
+
+    Before searching, warns (one ``fusiontune: warning:`` line on stderr) when the bound is
+    below the float32 floor of the space's workload (:func:`float32_floor_error`): then even
+    exact passes break it by rounding differently, and will be blamed.
+
+    Args:
+        options: see :class:`BisectOptions`.
+
+    Returns:
+        The exit code: 0 when the safe configuration holds the bound, 1 when it does not, 130
+        when interrupted (the evaluations so far are written).
+
+    Raises:
+        UserError: a bad space, metric, bound or configuration file; BisectError when the
+            endpoints do not bracket the bound (the evaluations made are written first).
+    """
     from fusiontune.config.switch_file import load_config
     from fusiontune.measure import METRICS
-    from fusiontune.tune.tune_cmd import make_evaluator
+    from fusiontune.tune.factory import create_evaluator
     from fusiontune.workloads.space import load_space
 
-    space = load_space(args.space)
-    metric = args.metric or space.metric
+    space = load_space(options.space)
+    metric = options.metric or space.metric
     if space.target is not None and metric != space.metric:
         raise UserError(f"--metric {metric}: a command target bounds the error its job reports (metric {space.metric})")
     if space.target is None and metric not in METRICS:
         raise UserError(f"--metric {metric}: unknown (known: {', '.join(METRICS)})")
-    bound = space.bound if args.bound is None else args.bound
+    bound = space.bound if options.bound is None else options.bound
     if not (bound >= 0 and math.isfinite(bound)):
-        raise UserError(f"--bound must be a finite number >= 0, got {bound}")
-    out_dir = Path("results") / (args.name or space.name)
+        raise UserError(f"the bound must be a finite number >= 0, got {bound}")
+    out_dir = Path("results") / (options.name or space.name)
     if space.target is not None:
         # The job's defaults (every listed pass on) against every switchable listed pass off.
         passes = space.passes
-        bad = load_config(args.bad, passes=passes) if args.bad else FusionConfig.defaults(passes)
-        good = load_config(args.good, passes=passes) if args.good else FusionConfig.all_off(passes)
+        bad = load_config(options.bad, passes=passes) if options.bad else FusionConfig.defaults(passes)
+        good = load_config(options.good, passes=passes) if options.good else FusionConfig.all_off(passes)
         what, bad_label = f"the job `{space.target.describe()}`", "the job's defaults (every listed pass on)"
         workload = f"command: {space.target.describe()}"
     else:
-        bad = load_config(args.bad) if args.bad else default_bad()
-        good = load_config(args.good) if args.good else FusionConfig.all_off()
+        bad = load_config(options.bad) if options.bad else default_bad()
+        good = load_config(options.good) if options.good else FusionConfig.all_off()
         what, bad_label, workload = space.workload, "defaults + every inexact pass", space.workload
-    evaluator, _workload = make_evaluator(args, space, args.workers, base_dir=out_dir / "bisect")
-    print(
-        f"bisect {what}: {metric} <= {bound:g}; bad = {args.bad or bad_label},"
-        f" good = {args.good or 'every switchable pass off'}; {len(changes_between(good, bad))} passes differ"
+    created = create_evaluator(
+        space,
+        workers=options.workers,
+        ray_address=options.ray_address,
+        replay=options.replay,
+        base_dir=out_dir / "bisect",
     )
+    evaluator = created.evaluator
+    print(
+        f"bisect {what}: {metric} <= {bound:g}; bad = {options.bad or bad_label},"
+        f" good = {options.good or 'every switchable pass off'}; {len(changes_between(good, bad))} passes differ"
+    )
+    if space.target is None and not options.replay:  # a replay measures nothing
+        floor = float32_floor_error(space, metric, created.workload)
+        if floor > bound:
+            warn(
+                f"the bound {metric} <= {bound:g} is below the float32 floor of {space.workload}"
+                f" ({metric} {floor:.3g}, the unfused program in float32 vs the float64 reference):"
+                " even exact passes will be blamed for rounding"
+            )
     result = BisectResult(metric, bound, bad, good, math.nan, math.nan)
     try:
         bisect(evaluator, bad, good, bound, metric, result=result)
@@ -627,3 +687,22 @@ def bisect_command(args: Any) -> int:
     for p in paths:
         print(f"  {p}")
     return 0 if result.holds else 1
+
+
+def float32_floor_error(space: Any, metric: str, workload: Any = None) -> float:
+    """The ``metric`` error of the space's unfused workload in float32 against its float64 reference.
+
+    The floor ``fusiontune run`` prints (:func:`fusiontune.runner.float32_floor`): one interpreter
+    run in float32. ``workload`` is reused when the evaluator already built it; otherwise it is
+    built here (its float64 reference is one more interpreter run).
+    """
+    from fusiontune.measure import metric_value
+    from fusiontune.runner import float32_floor
+    from fusiontune.workloads.onnx_model import space_workload
+
+    return float(metric_value(float32_floor(workload or space_workload(space)), metric))
+
+
+def warn(message: str) -> None:
+    """One ``fusiontune: warning:`` line on stderr; the work goes on."""
+    print(f"fusiontune: warning: {message}", file=sys.stderr)

@@ -16,7 +16,6 @@ on random inputs, or on the arrays of ``--inputs FILE.npz`` (see
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -56,6 +55,49 @@ from fusiontune.workloads.onnx_model import (
 )
 
 SMALL_OUTPUT = 64  # print outputs up to this many elements, as the seeds print `result: [...]`
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What one ``run`` is asked to do.
+
+    Attributes:
+        workload: a built-in workload name, or an ONNX model file (``MODEL.onnx``).
+        config_file: a ``fusion_switch.cfg`` or ``best_config.json`` (not with ``flags``).
+        flags: a graph_kernel_flags string (not with ``config_file``).
+        splits: ``("Pass.point", value)`` split points laid over the configuration.
+        sizes: a built-in workload's sizes, ``(name, value)`` with value >= 1.
+        dims: an ONNX model's symbolic dimensions, ``(name, value)`` with value >= 1.
+        input_shapes: an ONNX model's whole input shapes, ``(input name, shape)``.
+        inputs: an ONNX model: an ``.npz`` of input arrays keyed by input name.
+        save_outputs: write the fused program's outputs there (``.npz``, keyed by output name).
+        repeat: timed repeats (>= 1); None: 9.
+        vs_all_off: also time the all-off program, interleaved, and print the speedup.
+        out_dir: where ``fusion_result.json`` goes (default ``results/run_<workload>``).
+        dump_graphs: write text and DOT dumps of every stage there.
+        json: print one JSON record instead of the human summary.
+    """
+
+    workload: str
+    config_file: Path | None = None
+    flags: str | None = None
+    splits: tuple[tuple[str, int], ...] = ()
+    sizes: tuple[tuple[str, int], ...] = ()
+    dims: tuple[tuple[str, int], ...] = ()
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    inputs: Path | None = None
+    save_outputs: Path | None = None
+    repeat: int | None = None
+    vs_all_off: bool = False
+    out_dir: Path | None = None
+    dump_graphs: Path | None = None
+    json: bool = False
+
+    def __post_init__(self) -> None:
+        if self.config_file is not None and self.flags is not None:
+            raise UserError("a run takes a configuration file or flags, not both")
+        if self.repeat is not None and self.repeat < 1:
+            raise UserError(f"repeat must be >= 1, got {self.repeat}")
 
 
 @dataclass(frozen=True)
@@ -119,7 +161,7 @@ def run_workload(
         write_stage_dumps(pipeline.stages, dump_dir)
     before = run_pipeline(workload.graph, FusionConfig.all_off()).fused.kernel_count
     checked = check_and_time(workload, program, measure)
-    floor = compare(run_graph(workload.graph, workload.inputs, dtype=None), workload.reference)
+    floor = float32_floor(workload)
     return RunResult(
         workload.name,
         dict(workload.params),
@@ -132,6 +174,15 @@ def run_workload(
         floor,
         dict(checked.outputs),
     )
+
+
+def float32_floor(workload: Workload) -> ErrorMetrics:
+    """The error of the unfused program in float32 against the float64 reference: the floor.
+
+    The interpreter runs the graph once in its own dtypes (float32); no fusion can be expected
+    to do better than this, and a bound below it blames even exact passes for rounding.
+    """
+    return compare(run_graph(workload.graph, workload.inputs, dtype=None), workload.reference)
 
 
 def _fmt_time(seconds: float) -> str:
@@ -174,28 +225,28 @@ def _compare_all_off(
     return fused, all_off
 
 
-def load_run_workload(args: argparse.Namespace) -> Workload:
-    """The workload of ``run``: a built-in name with ``--size``, or ``MODEL.onnx`` with ``--dim``,
-    ``--input-shape`` and ``--inputs``.
+def load_run_workload(options: RunOptions) -> Workload:
+    """The workload of a run: a built-in name with ``sizes``, or ``MODEL.onnx`` with ``dims``,
+    ``input_shapes`` and ``inputs``.
 
     Raises:
         UserError: an unknown name or size, options of the other kind, a model that does not
             import, or an input file that does not fit it.
     """
-    dims = dict(getattr(args, "dim", None) or [])
-    shapes = dict(getattr(args, "input_shape", None) or [])
-    inputs = getattr(args, "inputs", None)
-    if args.workload.endswith(ONNX_SUFFIX):
-        if args.size:
+    name = options.workload
+    dims, shapes = dict(options.dims), dict(options.input_shapes)
+    inputs = None if options.inputs is None else str(options.inputs)
+    if name.endswith(ONNX_SUFFIX):
+        if options.sizes:
             raise UserError(
-                f"{args.workload}: --size is for built-in workloads; fix an ONNX model's dimensions with --dim NAME=N or --input-shape NAME=AxB"
+                f"{name}: --size is for built-in workloads; fix an ONNX model's dimensions with --dim NAME=N or --input-shape NAME=AxB"
             )
-        return load_onnx_workload(OnnxSource.make(args.workload, dims, shapes, inputs))
+        return load_onnx_workload(OnnxSource.make(name, dims, shapes, inputs))
     if dims or shapes or inputs:
         raise UserError(
-            f"--dim, --input-shape and --inputs are for ONNX models (MODEL{ONNX_SUFFIX}), not the built-in workload {args.workload!r}"
+            f"--dim, --input-shape and --inputs are for ONNX models (MODEL{ONNX_SUFFIX}), not the built-in workload {name!r}"
         )
-    return make_workload(args.workload, **dict(args.size))
+    return make_workload(name, **dict(options.sizes))
 
 
 def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray]) -> Path:
@@ -215,10 +266,20 @@ def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray]) -> Path:
     return p
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """The ``run`` subcommand."""
-    workload = load_run_workload(args)
-    inputs_file = getattr(args, "inputs", None)
+def run_command(options: RunOptions) -> int:
+    """Fuse, compile, check and time one workload; print (or ``json``) and record what it measured.
+
+    Args:
+        options: what to run and how (see :class:`RunOptions`).
+
+    Returns:
+        0.
+
+    Raises:
+        UserError: a bad workload, size, configuration, flags, split point or input file.
+    """
+    workload = load_run_workload(options)
+    inputs_file = options.inputs
     drawn = []
     if inputs_file is not None:
         keys = set(input_file_keys(inputs_file))
@@ -229,29 +290,27 @@ def run_command(args: argparse.Namespace) -> int:
                 f"fusiontune: note: {inputs_file} has no array for input {listed}: drawn at random",
                 file=sys.stderr,
             )
-    config = resolve_config(args.config, args.flags, list(args.split))
-    measure = MeasureConfig(repeat=args.repeat or 9, min_repeat_ms=5.0)
+    config = resolve_config(options.config_file, options.flags, list(options.splits))
+    measure = MeasureConfig(repeat=options.repeat or 9, min_repeat_ms=5.0)
     t0 = time.perf_counter()
-    result = run_workload(workload, config, measure, args.dump_graphs)
-    out_dir = (
-        Path(args.out) if getattr(args, "out", None) else Path("results") / f"run_{workload.name}"
-    )
+    result = run_workload(workload, config, measure, options.dump_graphs)
+    out_dir = options.out_dir or Path("results") / f"run_{workload.name}"
     out_dir.mkdir(parents=True, exist_ok=True)
     fr_path = write_fusion_result(result.pipeline.report, out_dir / "fusion_result.json")
-    saved = getattr(args, "save_outputs", None)
+    saved = options.save_outputs
     saved_path = save_outputs(saved, result.outputs) if saved else None
     versus = (
-        _compare_all_off(workload, result.program, measure)
-        if getattr(args, "vs_all_off", False)
-        else None
+        _compare_all_off(workload, result.program, measure) if options.vs_all_off else None
     )
-    record = _record(result, versus, fr_path, args.dump_graphs, time.perf_counter() - t0, measure)
+    record = _record(
+        result, versus, fr_path, options.dump_graphs, time.perf_counter() - t0, measure
+    )
     if inputs_file is not None:
         record["inputs_file"] = str(inputs_file)
         record["random_inputs"] = drawn
     if saved_path is not None:
         record["saved_outputs"] = str(saved_path)
-    if args.json:
+    if options.json:
         for line in _noise_lines(record):  # the JSON on stdout stays parseable
             print(line, file=sys.stderr)
         print(json.dumps(record, indent=2))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -187,13 +186,13 @@ def test_convert_flags_round_trip_through_cfg(
 
 
 # ---- run dispatch --------------------------------------------------------------------------------
-def test_run_parses_its_arguments_and_dispatches_to_the_runner(
+def test_run_parses_its_arguments_into_run_options_for_the_runner(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = []
-    fake = types.ModuleType("fusiontune.runner")
-    fake.run_command = lambda args: seen.append(args) or 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "fusiontune.runner", fake)
+    from fusiontune import runner
+
+    seen: list[runner.RunOptions] = []
+    monkeypatch.setattr(runner, "run_command", lambda options: seen.append(options) or 0)
     argv = [
         "run",
         "mlp",
@@ -212,12 +211,16 @@ def test_run_parses_its_arguments_and_dispatches_to_the_runner(
         "--json",
     ]
     assert main(argv) == 0
-    (args,) = seen
-    assert args.workload == "mlp" and args.config is None
-    assert args.flags == "--disable_pass=gelu_fusion"
-    assert args.split == [("MatMulRowSplitFusionPass.row_block", 128)]
-    assert args.size == [("batch", 8), ("hidden", 64)]
-    assert args.dump_graphs == Path("dumps") and args.repeat == 5 and args.json is True
+    (options,) = seen
+    assert options == runner.RunOptions(
+        workload="mlp",
+        flags="--disable_pass=gelu_fusion",
+        splits=(("MatMulRowSplitFusionPass.row_block", 128),),
+        sizes=(("batch", 8), ("hidden", 64)),
+        dump_graphs=Path("dumps"),
+        repeat=5,
+        json=True,
+    )
 
 
 def test_run_unknown_workload_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:

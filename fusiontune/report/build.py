@@ -520,13 +520,28 @@ def build_report(
     return _build(results_dir, storage_url, study_name).paths
 
 
-def report_command(args: Any) -> int:
-    """``fusiontune report RESULTS_DIR [--storage URL] [--study NAME]``: rebuild from the database.
+@dataclass(frozen=True)
+class ReportOptions:
+    """What :func:`report_command` rebuilds.
+
+    Attributes:
+        results_dir: the folder written (``results/<study>``).
+        storage: the study's SQLAlchemy URL (default ``sqlite:///<results_dir>/study.db``).
+        study: the study's name (default: the only study in the storage).
+    """
+
+    results_dir: Path
+    storage: str | None = None
+    study: str | None = None
+
+
+def report_command(options: ReportOptions) -> int:
+    """Rebuild a study's report from its database alone (``fusiontune report RESULTS_DIR``).
 
     Prints the ranked top 10, the recommendation and every path written.
 
     Args:
-        args: ``results_dir``, and optionally ``storage`` and ``study``.
+        options: the folder, and optionally the storage URL and the study name.
 
     Returns:
         0.
@@ -534,7 +549,7 @@ def report_command(args: Any) -> int:
     Raises:
         UserError: see :func:`build_report`.
     """
-    built = _build(args.results_dir, getattr(args, "storage", None), getattr(args, "study", None))
+    built = _build(options.results_dir, options.storage, options.study)
     print(format_top(built.frame, 10))
     print()
     print(built.recommendation.reason)

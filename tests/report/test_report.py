@@ -10,7 +10,6 @@ import json
 import math
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import optuna
 import pandas as pd
@@ -24,6 +23,7 @@ from fusiontune.errors import UserError
 from fusiontune.measure import ErrorMetrics
 from fusiontune.passes.base import FusionReport
 from fusiontune.report import build_report, format_top, load_study_frame, report_command
+from fusiontune.report.build import ReportOptions
 from fusiontune.report.build import NO_FEASIBLE, NOT_CONFIRMED, NOT_DISTINGUISHABLE
 from fusiontune.report.plots import MISSING_SENTENCE
 from fusiontune.report.tables import (
@@ -434,7 +434,7 @@ def test_every_table_shows_one_order_and_the_study_records_its_first(results: Pa
 def test_report_command_prints_the_top_and_the_paths(
     results: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert report_command(SimpleNamespace(results_dir=str(results))) == 0
+    assert report_command(ReportOptions(results)) == 0
     out = capsys.readouterr().out
     assert (
         "rank" in out
@@ -447,10 +447,8 @@ def test_report_command_with_storage_and_study_writes_a_new_folder(
     results: Path, tmp_path: Path
 ) -> None:
     other = tmp_path / "elsewhere"
-    args = SimpleNamespace(
-        results_dir=str(other), storage=f"sqlite:///{results / 'study.db'}", study=STUDY
-    )
-    assert report_command(args) == 0
+    options = ReportOptions(other, storage=f"sqlite:///{results / 'study.db'}", study=STUDY)
+    assert report_command(options) == 0
     assert (other / "report.md").is_file()
 
 

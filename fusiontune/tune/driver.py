@@ -1,16 +1,16 @@
-"""``fusiontune tune SPACE``: sweep a search space, confirm the best, write the report.
+"""Tune a search space from start to finish: sweep, confirm the best, write the report.
 
-The command loads and validates the space, opens the study's storage (before any worker starts,
-so a bad URL costs nothing), picks the evaluator (``--workers 0``: in process; otherwise Ray
-actors; ``--replay``: a recorded study; a command target: the user's job, in
-``results/<study>/trials/<n>/``, on Ray workers' nodes with ``--workers K``), runs the optuna loop, measures the top k again against
-the defaults, rebuilds the report from the database, and prints the ranked top 10, every path it
+:func:`tune_command` (``fusiontune tune SPACE``) loads and validates the space, opens the study's
+storage (before any worker starts, so a bad URL costs nothing), asks
+:func:`fusiontune.tune.factory.create_evaluator` for the evaluator (in process, Ray actors, a
+replayed study, or the user's job for a command target, each request in
+``results/<study>/trials/<n>/``), runs the optuna loop, measures the top k again against the
+defaults, rebuilds the report from the database, and prints the ranked top 10, every path it
 wrote, and the peak resident memory of the whole run.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import sys
@@ -18,48 +18,101 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fusiontune.errors import UserError
+
+if TYPE_CHECKING:
+    from fusiontune.workloads import Workload
+    from fusiontune.workloads.space import SearchSpace
 
 MEMORY_GOAL_BYTES = 4 * 10**9
 EXIT_INTERRUPTED = 130
 
 
-def tune_command(args: argparse.Namespace) -> int:
-    """The ``tune`` subcommand; returns the exit code (130 when stopped by a signal)."""
+@dataclass(frozen=True)
+class TuneOptions:
+    """What a tuning run is asked to do; None means the space's own setting.
+
+    Attributes:
+        space: the search space file (``search_spaces/*.toml``).
+        trials: total finished trials to reach (>= 1).
+        timeout_s: wall-time budget in seconds (> 0).
+        workers: 0 evaluates in this process; K >= 1 uses K Ray workers.
+        ray_address: join this running Ray cluster instead of starting one.
+        storage: the study's SQLAlchemy URL (default ``sqlite:///results/<study>/study.db``).
+        study: the study name, which is also the folder ``results/<study>/``.
+        sampler: tpe, random, grid or nsga2.
+        seed: the sampler's seed (>= 0).
+        top_k: configurations measured again at the end (>= 0).
+        confirm: measure the top k again (False skips the confirmation).
+        replay: answer from a recorded ``study.db`` (or URL) instead of measuring.
+        progress: show a progress bar.
+    """
+
+    space: Path
+    trials: int | None = None
+    timeout_s: float | None = None
+    workers: int | None = None
+    ray_address: str | None = None
+    storage: str | None = None
+    study: str | None = None
+    sampler: str | None = None
+    seed: int | None = None
+    top_k: int | None = None
+    confirm: bool = True
+    replay: str | None = None
+    progress: bool = True
+
+
+def tune_command(options: TuneOptions) -> int:
+    """Sweep, confirm and report one search space.
+
+    Args:
+        options: the run's options (see :class:`TuneOptions`).
+
+    Returns:
+        The exit code: 0, or 130 when stopped by a signal (the study is kept; the same call
+        continues it).
+
+    Raises:
+        UserError: a bad space, option, storage URL or sampler (before any worker starts).
+    """
     from fusiontune.tune._storage import quiet_optuna
     from fusiontune.tune.samplers import SAMPLERS
     from fusiontune.tune.study import default_storage_url
-    from fusiontune.workloads.space import load_space, parse_duration
+    from fusiontune.workloads.space import load_space
 
     quiet_optuna()
-    space = load_space(args.space)
-    n_trials = space.trials if args.trials is None else args.trials
+    space = load_space(options.space)
+    n_trials = space.trials if options.trials is None else options.trials
     if n_trials < 1:
-        raise UserError(f"--trials must be at least 1, got {n_trials}")
-    timeout_s = parse_duration(args.timeout, "--timeout") if args.timeout else space.timeout_s
-    workers = space.workers if args.workers is None else args.workers
+        raise UserError(f"trials must be at least 1, got {n_trials}")
+    timeout_s = space.timeout_s if options.timeout_s is None else options.timeout_s
+    workers = space.workers if options.workers is None else options.workers
     if workers < 0:
-        raise UserError(f"--workers must be 0 (in process) or more, got {workers}")
-    if args.sampler is not None and args.sampler not in SAMPLERS:
-        raise UserError(f"--sampler {args.sampler}: unknown (known: {', '.join(SAMPLERS)})")
-    study_name = args.study or space.name
+        raise UserError(f"workers must be 0 (in process) or more, got {workers}")
+    if options.sampler is not None and options.sampler not in SAMPLERS:
+        raise UserError(f"sampler {options.sampler}: unknown (known: {', '.join(SAMPLERS)})")
+    study_name = options.study or space.name
     results_dir = Path("results") / study_name
-    storage_url = args.storage or default_storage_url(study_name)
-    top_k = space.top_k if args.top_k is None else args.top_k
+    storage_url = options.storage or default_storage_url(study_name)
+    top_k = space.top_k if options.top_k is None else options.top_k
     memory = PeakMemory()
     memory.start()
     try:
-        return _tune(args, space, n_trials, timeout_s, workers, study_name, results_dir, storage_url, top_k, memory)
+        return _tune(
+            options, space, n_trials, timeout_s, workers, study_name, results_dir, storage_url, top_k, memory
+        )
     finally:
         memory.stop()  # idempotent: the sampler thread never outlives the command
 
 
 def _tune(
-    args: argparse.Namespace,
-    space: Any,
+    options: TuneOptions,
+    space: SearchSpace,
     n_trials: int,
     timeout_s: float | None,
     workers: int,
@@ -70,14 +123,22 @@ def _tune(
     memory: PeakMemory,
 ) -> int:
     from fusiontune.tune._storage import open_storage
+    from fusiontune.tune.factory import create_evaluator
     from fusiontune.tune.samplers import make_sampler
     from fusiontune.tune.study import STOP_INTERRUPTED, run_tune, trial_constraint
 
     # Everything that can be refused is checked before any worker starts.
-    seed = space.seed if args.seed is None else args.seed
-    make_sampler(args.sampler or space.sampler, space, seed, n_trials, trial_constraint)
+    seed = space.seed if options.seed is None else options.seed
+    make_sampler(options.sampler or space.sampler, space, seed, n_trials, trial_constraint)
     open_storage(storage_url)
-    evaluator, workload = make_evaluator(args, space, workers, base_dir=results_dir / "trials")
+    created = create_evaluator(
+        space,
+        workers=workers,
+        ray_address=options.ray_address,
+        replay=options.replay,
+        base_dir=results_dir / "trials",
+    )
+    evaluator, workload = created.evaluator, created.workload
     started = time.perf_counter()
     try:
         result = run_tune(
@@ -87,10 +148,10 @@ def _tune(
             study_name,
             n_trials,
             timeout_s=timeout_s,
-            sampler=args.sampler,
+            sampler=options.sampler,
             seed=seed,
-            batch_size=max(1, workers) if not args.replay else 1,
-            progress=not getattr(args, "no_progress", False),
+            batch_size=max(1, workers) if not options.replay else 1,
+            progress=options.progress,
         )
     except KeyboardInterrupt:
         print(
@@ -112,9 +173,9 @@ def _tune(
         with results_lock(results_dir):
             if interrupted:
                 print(f"interrupted: run the same command again to continue to {n_trials} trials")
-            elif args.no_confirm:
+            elif not options.confirm:
                 print("confirmation skipped (--no-confirm)")
-            elif args.replay:
+            elif options.replay:
                 print("confirmation skipped: replayed results are not measurements")
             elif not _confirmation_is_current(storage_url, study_name):
                 _confirm(space, storage_url, study_name, workload, top_k, results_dir)
@@ -135,74 +196,6 @@ def _tune(
         f" {goal} the 4 GB goal"
     )
     return EXIT_INTERRUPTED if interrupted else 0
-
-
-def make_evaluator(
-    args: argparse.Namespace, space: Any, workers: int, base_dir: str | Path | None = None
-) -> tuple[Any, Any]:
-    """The evaluator for this run, and the workload when it was loaded here.
-
-    ``args.replay``: a recorded study (``study.db`` or a storage URL), or a ``bisect.json`` whose
-    evaluations are answered again; ``workers == 0``: in process; otherwise Ray actors. A
-    command target runs the user's job (:class:`CommandEvaluator`, or with workers Ray tasks on
-    the workers' nodes), each request in ``base_dir/<trial>/`` (default
-    ``results/<space name>/trials``).
-    """
-    from fusiontune.measure import MeasureConfig
-    from fusiontune.tune.evaluator import LocalEvaluator
-    from fusiontune.workloads.onnx_model import space_workload, workload_source
-
-    if args.replay:
-        from fusiontune.tune.replay import ReplayEvaluator
-
-        path = args.replay
-        if "://" not in path and not Path(path).is_file():
-            raise UserError(f"--replay {path}: no such file")
-        if path.endswith(".json"):
-            return ReplayEvaluator.from_bisect(path), None
-        return ReplayEvaluator.from_study(path), None
-    if space.target is not None:
-        return _command_evaluator(args, space, workers, base_dir), None
-    if workers == 0:
-        workload = space_workload(space)
-        measure: MeasureConfig = space.measure
-        return LocalEvaluator(workload, measure), workload
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise UserError(
-            f"--workers {workers} needs Ray: pip install 'ray>=2.30', or use --workers 0"
-        ) from None
-    from fusiontune.tune.ray_evaluator import RayEvaluator
-
-    evaluator = RayEvaluator(
-        workload_source(space),  # a built-in name or an OnnxSource: each actor builds it
-        dict(space.sizes),
-        space.measure,
-        workers,
-        address=args.ray_address,
-        trial_timeout_s=space.trial_timeout_s,
-    )
-    return evaluator, None
-
-
-def _command_evaluator(
-    args: argparse.Namespace, space: Any, workers: int, base_dir: str | Path | None
-) -> Any:
-    from fusiontune.tune.command import CommandEvaluator
-
-    base = Path(base_dir) if base_dir is not None else Path("results") / space.name / "trials"
-    if workers == 0:
-        return CommandEvaluator(space.target, base)
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise UserError(
-            f"--workers {workers} needs Ray: pip install 'ray>=2.30', or use --workers 0"
-        ) from None
-    from fusiontune.tune.ray_command import RayCommandEvaluator
-
-    return RayCommandEvaluator(space.target, base, workers, address=args.ray_address)
 
 
 @contextmanager
@@ -231,7 +224,12 @@ def _confirmation_is_current(storage_url: str, study_name: str) -> bool:
 
 
 def _confirm(
-    space: Any, storage_url: str, study_name: str, workload: Any, top_k: int, results_dir: Path
+    space: SearchSpace,
+    storage_url: str,
+    study_name: str,
+    workload: Workload | None,
+    top_k: int,
+    results_dir: Path,
 ) -> None:
     import optuna
 
