@@ -30,6 +30,7 @@ from fusiontune.errors import UserError
 from fusiontune.passes.base import GRAPH_FUSION, FusionReport
 from fusiontune.passes.registry import BY_NAME
 from fusiontune.report import plots
+from fusiontune.report._apply import how_to_apply
 from fusiontune.report._render import Block, to_html, to_markdown
 from fusiontune.report.tables import (
     DEFAULTS,
@@ -305,6 +306,7 @@ def _document(
     searched: list[str],
     effective: list[str],
     never: list[str],
+    out: Path,
 ) -> list[Block]:
     doc: list[Block] = [("h1", f"fusiontune report: {study.study_name}"), *_summary(study, frame)]
     doc += [("h2", "Recommendation"), ("p", rec.reason)]
@@ -318,6 +320,7 @@ def _document(
                 + ", `fusion_result.json`.",
             )
         )
+    doc += how_to_apply(rec.config, out, StudyStore(study).info())
     doc += _fusion_stats(rec)
     doc += [("h2", "Confirmation"), *_confirmation(study, frame)]
     headers, rows = top_rows(frame, 10)
@@ -489,7 +492,9 @@ def _build(results_dir: str | Path, storage_url: str | None, study_name: str | N
     paths += [p for p in images.values() if p is not None]
     rec = choose_recommendation(study, frame)
     record_recommendation(study, rec)
-    doc = _document(study, frame, rec, images, missing, importance, method, searched, effective, never)
+    doc = _document(
+        study, frame, rec, images, missing, importance, method, searched, effective, never, out
+    )
     (out / "report.md").write_text(to_markdown(doc), encoding="utf-8")
     (out / "report.html").write_text(
         to_html(doc, f"fusiontune report: {study.study_name}"), encoding="utf-8"
