@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fusiontune.config.fusion_config import ConfigError
-from fusiontune.config.switch_file import read_text
+from fusiontune.config.switch_file import check_json_depth, read_text
 from fusiontune.passes.base import FusionReport
 
 SECTIONS = ("graph_fusion", "ub_fusion")
@@ -61,11 +61,13 @@ def read_fusion_result(path: str | os.PathLike[str]) -> dict[str, FusionCounts]:
         Pass name -> (match_times, effect_times), summed over graphs and sections, in file order.
 
     Raises:
-        ConfigError: one line naming the file and the key: a missing file, malformed JSON, a
-            wrong type, or a count that is not a non-negative integer.
+        ConfigError: one line naming the file and the key: a missing file, one over the size
+            limit, malformed or too deeply nested JSON, a wrong type, or a count that is not a
+            non-negative integer.
     """
     source = str(path)
     text = read_text(path)
+    check_json_depth(text, source)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -21,8 +21,10 @@ against that table instead of the registry: the names are the job's, exactly as 
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,17 @@ from fusiontune.passes.registry import closest, lookup
 
 _ON_OFF = {"on": True, "off": False}
 _BEST_CONFIG_KEYS = frozenset(KINDS) | {"split_points"}
+
+MAX_JSON_DEPTH = 8
+"""The deepest nesting of objects and lists a configuration file may have. A fusion_switch.cfg
+nests 3 levels (Switch, section, pass), a best_config.json 2, a fusion_result.json 4; refusing
+deeper files before decoding keeps a pathological one from exhausting the recursion limit of
+the JSON decoder (and of every reader after it)."""
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?')  # an unterminated one runs to the end
+_JSON_TOKEN = re.compile(_JSON_STRING.pattern + r"|[\[\]{}]")
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 class _Pairs(list):  # type: ignore[type-arg]
@@ -51,9 +64,10 @@ def read_text(path: str | os.PathLike[str]) -> str:
         Its text (a UTF-8 byte-order mark, which Windows editors add, is dropped).
 
     Raises:
-        ConfigError: the file does not exist, is a directory, cannot be read, or is not UTF-8.
+        ConfigError: the file does not exist, is a directory, cannot be read, is over the size
+            limit (:data:`fusiontune.errors.MAX_USER_FILE_BYTES`), or is not UTF-8.
     """
-    return read_user_file(path, ConfigError)
+    return read_user_file(path, ConfigError, "a configuration file")
 
 
 def load_switch_file(
@@ -145,12 +159,64 @@ def load_config(
     )
 
 
-def decode_json(text: str, source: str) -> Any:
-    """``json.loads`` with objects kept as pairs, and a ``file:line:col`` message on bad JSON."""
+def decode_json(text: str, source: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` with objects kept as pairs, after a check of the nesting depth.
+
+    Args:
+        text: the file's content.
+        source: the file name used in error messages.
+        max_depth: the deepest nesting of objects and lists accepted.
+
+    Returns:
+        The decoded value, objects as lists of (key, value) pairs.
+
+    Raises:
+        ConfigError: nesting deeper than ``max_depth`` (with the line and column where it goes
+            deeper), or malformed JSON (with line and column).
+    """
+    check_json_depth(text, source, max_depth)
     try:
         return json.loads(text, object_pairs_hook=_Pairs)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{source}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
+
+
+def check_json_depth(text: str, source: str, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Refuse JSON text that nests objects and lists deeper than ``max_depth``, without decoding it.
+
+    Strings are blanked out first (a bracket inside a string does not nest), then the running
+    depth of the brackets left is summed in C (``itertools.accumulate``), so a 16 MiB file costs
+    a few regular-expression passes, never a recursion.
+
+    Args:
+        text: the JSON text (well-formed or not: unbalanced brackets are left to the decoder,
+            unless they already go too deep).
+        source: the file name used in the message.
+        max_depth: the deepest nesting accepted.
+
+    Raises:
+        ConfigError: ``source:line:col: nested deeper than N levels ...``, pointing at the
+            bracket that opens level N + 1.
+    """
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub('""', text))
+    steps = map(_DEPTH_STEP.__getitem__, brackets)
+    if not brackets or max(itertools.accumulate(steps)) <= max_depth:
+        return
+    depth, offset = 0, len(text)
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token[0] == '"':
+            continue
+        depth += _DEPTH_STEP[token]
+        if depth > max_depth:
+            offset = match.start()
+            break
+    line = text.count("\n", 0, offset) + 1
+    col = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    raise ConfigError(
+        f"{source}:{line}:{col}: nested deeper than {max_depth} levels of objects and lists"
+        " (a fusion_switch.cfg has 3: Switch, section, pass); nothing was decoded"
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -49,6 +49,7 @@ SPLIT_PARAM = "split."
 ON_OFF = ("off", "on")
 MAX_SPLIT_VALUES = 64  # a categorical with more values than this is not searchable in 40 trials
 MAX_GRID_SIZE = 10_000  # optuna's GridSampler materializes the whole grid
+MAX_TOML_DEPTH = 8  # a space nests 3 levels at most ([target.metrics] runtime = "..."); see _check_depth
 
 _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -185,7 +186,33 @@ def loads_space(text: str, path: str = "<space>") -> SearchSpace:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpaceError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively: thousands of levels end here
+        raise SpaceError(
+            f"{path}: nested too deeply for the TOML parser (a search space nests 3 levels of"
+            f" tables and arrays, {MAX_TOML_DEPTH} are accepted); nothing was read"
+        ) from None
+    _check_depth(data, path)
     return _Loader(path).space(data)
+
+
+def _check_depth(data: Mapping[str, Any], path: str) -> None:
+    """Refuse values nested deeper than :data:`MAX_TOML_DEPTH`, naming the first such key.
+
+    Walked with a stack, not recursion, so the check itself cannot overflow; every reader after
+    it (the loader, the report's TOML echo) may then recurse freely.
+    """
+    stack: list[tuple[str, Any, int]] = [(k, v, 1) for k, v in data.items()]
+    while stack:
+        key, value, depth = stack.pop()
+        if depth > MAX_TOML_DEPTH:
+            raise SpaceError(
+                f"{path}: {key}: nested deeper than {MAX_TOML_DEPTH} levels of tables and arrays"
+            )
+        if isinstance(value, Mapping):
+            stack.extend((f"{key}.{k}", v, depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{key}[{i}]", v, depth + 1) for i, v in enumerate(value))
 
 
 def parse_duration(value: str | float, key: str | None = None) -> float:
