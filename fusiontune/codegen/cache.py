@@ -66,8 +66,8 @@ _LOG = logging.getLogger(__name__)
 _ATTEMPTS = 3
 # A writer records digests right after numba writes its files; machine code younger than
 # _FRESH_S without a matching digest is waited on for up to _GRACE_S before it counts as damage.
-_FRESH_S = 30.0
-_GRACE_S = 2.0
+_FRESH_S = 10.0
+_GRACE_S = 1.0
 
 Identity = tuple[int, int, int]  # (inode, size, mtime_ns): "the same file I looked at"
 
@@ -269,13 +269,9 @@ def _look_patiently(py: Path, text: str) -> _Entry:
     deadline = time.monotonic() + _GRACE_S
     while True:
         entry = _look(py, text)
-        fresh = any(
-            time.time() - ident[2] / 1e9 < _FRESH_S
-            for p, ident in entry.files.items()
-            if p in entry.machine
-        )
-        machine_only = entry.damage.startswith(tuple(p.name for p in entry.machine))
-        if not (entry.damage and machine_only and fresh) or time.monotonic() > deadline:
+        judged = [p for p in entry.machine if entry.damage.startswith(p.name)]
+        fresh = any(time.time() - entry.files[p][2] / 1e9 < _FRESH_S for p in judged if p in entry.files)
+        if not fresh or time.monotonic() > deadline:
             return entry
         time.sleep(0.05)
 
@@ -306,13 +302,15 @@ def _quarantine(entry: _Entry, reason: str) -> Path | None:
     )
     moved = False
     for path, ident in entry.files.items():
+        if _identity(path) != ident:
+            continue  # moved, or already replaced by a healthy file, by another process
         private = path.with_name(f".q_{uuid.uuid4().hex[:8]}_{path.name}")
         try:
             os.rename(path, private)  # atomic: of two processes, one gets the file
         except FileNotFoundError:
             continue
         if _identity(private) != ident:
-            # Another process healed the entry after this one looked: give its file back.
+            # Replaced between the stat and the rename (rare): give the healthy file back.
             try:
                 os.link(private, path)
             except FileExistsError:
@@ -375,6 +373,7 @@ def _exec_module(py: Path, text: str, name: str) -> Callable[..., None]:
 def _load_healing(src: KernelSource) -> Callable[..., None]:
     py = cache_dir() / f"k_{src.key}.py"
     text = module_text(src)
+    clean_failure: Exception | None = None
     for _ in range(_ATTEMPTS):
         entry = _look_patiently(py, text)
         if entry.damage:
@@ -389,7 +388,12 @@ def _load_healing(src: KernelSource) -> Callable[..., None]:
             fn = _exec_module(py, text, src.name)
         except Exception as e:
             if not entry.machine and _identity(py) == ident:
-                raise  # a clean compile of verified text failed: the source's fault, not the cache's
+                # Verified text failed to compile from a clean entry: the source's fault, unless
+                # another process had the module away for a moment while numba read it.
+                if clean_failure is not None:
+                    raise
+                clean_failure = e
+                continue
             first = (str(e).splitlines() or [""])[0][:160]
             _heal(_Entry(py, files, entry.machine), f"{type(e).__name__}: {first}")
             continue
