@@ -11,15 +11,23 @@ One table, :data:`WORKLOADS`, lists them; :func:`make_workload` is the only way 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import math
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
 from fusiontune.errors import UserError
 from fusiontune.ir.builder import GraphBuilder, Tensor
 from fusiontune.ir.graph import Graph
+from fusiontune.workloads._memory import check_fits, workload_bytes
 from fusiontune.workloads.workload import InputSpec, Workload, WorkloadSpec, build_workload
+
+_SHAPES_ONLY = contextvars.ContextVar("fusiontune_shapes_only", default=False)
+"""True while :func:`graph_shapes` builds a graph for its shapes alone: weights are then
+zero-stride views that take no memory whatever their shape."""
 
 
 # ---- the seeds (MindSpore graph-kernel tutorials, seeds 000 and 001) ---------------------------
@@ -67,21 +75,33 @@ class _Weights:
     def __init__(self, g: GraphBuilder, seed: int) -> None:
         self.g = g
         self.rng = np.random.default_rng(seed)
+        self.shapes_only = _SHAPES_ONLY.get()
 
-    def _const(self, array: np.ndarray, name: str) -> Tensor:
-        return self.g.const(array.astype(np.float32), name=name)
+    def _const(self, draw: Callable[[], np.ndarray], shape: tuple[int, ...], name: str) -> Tensor:
+        if self.shapes_only:
+            return _placeholder(self.g, shape, name)
+        return self.g.const(draw().astype(np.float32), name=name)
 
     def matrix(self, fan_in: int, fan_out: int, name: str) -> Tensor:
-        return self._const(self.rng.standard_normal((fan_in, fan_out)) / math.sqrt(fan_in), name)
+        shape = (fan_in, fan_out)
+        return self._const(lambda: self.rng.standard_normal(shape) / math.sqrt(fan_in), shape, name)
 
     def bias(self, n: int, name: str) -> Tensor:
-        return self._const(0.02 * self.rng.standard_normal(n), name)
+        return self._const(lambda: 0.02 * self.rng.standard_normal(n), (n,), name)
 
     def gamma(self, n: int, name: str) -> Tensor:
-        return self._const(1.0 + 0.1 * self.rng.standard_normal(n), name)
+        return self._const(lambda: 1.0 + 0.1 * self.rng.standard_normal(n), (n,), name)
 
     def beta(self, n: int, name: str) -> Tensor:
-        return self._const(0.1 * self.rng.standard_normal(n), name)
+        return self._const(lambda: 0.1 * self.rng.standard_normal(n), (n,), name)
+
+
+def _placeholder(g: GraphBuilder, shape: tuple[int, ...], name: str) -> Tensor:
+    """A float32 constant of ``shape`` that takes no memory (a broadcast zero), for shapes only.
+
+    The dtype is passed so the builder keeps the view instead of copying it into a real array.
+    """
+    return g.const(np.broadcast_to(np.float32(0.0), shape), name=name, dtype="float32")
 
 
 def _linear(g: GraphBuilder, w: _Weights, x: Tensor, n_out: int, name: str, bias: bool) -> Tensor:
@@ -153,7 +173,10 @@ def llama_block(*, batch: int, seq: int, hidden: int, heads: int, ffn: int) -> G
     with g.scope("attention_norm"):
         h = g.rms_norm_decomposed(x, w.gamma(hidden, "attention_norm/gamma"))
     with g.scope("attention"):
-        mask = g.const(causal_mask(seq), name="attention/causal_mask")
+        if w.shapes_only:
+            mask = _placeholder(g, (seq, seq), "attention/causal_mask")
+        else:
+            mask = g.const(causal_mask(seq), name="attention/causal_mask")
         x1 = g.add(x, _attention(g, w, h, heads, bias=False, mask=mask))
     with g.scope("ffn_norm"):
         h2 = g.rms_norm_decomposed(x1, w.gamma(hidden, "ffn_norm/gamma"))
@@ -235,8 +258,35 @@ def list_workloads() -> list[WorkloadSpec]:
     return list(WORKLOADS.values())
 
 
+@contextlib.contextmanager
+def _shapes_only() -> Iterator[None]:
+    token = _SHAPES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SHAPES_ONLY.reset(token)
+
+
+def graph_shapes(spec: WorkloadSpec, sizes: Mapping[str, int]) -> Graph:
+    """The graph of ``spec`` at ``sizes`` with placeholder weights: every shape, no memory.
+
+    Args:
+        spec: the table row.
+        sizes: complete size parameters.
+
+    Returns:
+        The graph; its weights are zero-stride views, good for shapes and byte counts only.
+    """
+    with _shapes_only():
+        return spec.build(**sizes)
+
+
 def make_workload(name: str, **sizes: int) -> Workload:
     """Build a built-in workload: its graph, inputs and float64 reference outputs.
+
+    Before any array is made, the graph is built for its shapes alone and the bytes the workload
+    needs (inputs, weights and the float64 reference, :func:`~fusiontune.workloads._memory.
+    workload_bytes`) are compared with the memory the machine has available.
 
     Args:
         name: a key of :data:`WORKLOADS`.
@@ -247,8 +297,9 @@ def make_workload(name: str, **sizes: int) -> Workload:
 
     Raises:
         UserError: unknown workload name (the message names the closest ones), unknown size
-            key (the message lists the valid ones), or a size that is not a positive integer or
-            does not fit the others.
+            key (the message lists the valid ones), a size that is not a positive integer or
+            does not fit the others, or sizes that need more memory than the machine has
+            available (the message names the sizes and both amounts).
     """
     spec = WORKLOADS.get(name)
     if spec is None:
@@ -266,4 +317,12 @@ def make_workload(name: str, **sizes: int) -> Workload:
                 f"workload {name}: size {key} must be a positive integer, got {value!r}"
             )
     merged = {**spec.sizes, **{k: int(v) for k, v in sizes.items()}}
+    given = ", ".join(f"{k}={int(v)}" for k, v in sizes.items()) or "the default sizes"
+    try:
+        shapes = graph_shapes(spec, merged)
+    except (ValueError, OverflowError) as e:  # numpy's shape arithmetic is int64: 2**63 breaks it
+        raise UserError(f"{name}: {given}: no graph has these sizes ({e})") from None
+    check_fits(
+        workload_bytes(shapes), f"{name}: {given}", "inputs, weights and the float64 reference"
+    )
     return build_workload(spec, merged)
