@@ -97,3 +97,23 @@ def test_bad_arguments_are_one_line_and_exit_2(space: Path, tmp_path: Path, caps
     assert "SoftmaxFusionPas" in one_error_line(capsys)
     assert main(["bisect", str(space), "--replay", str(tmp_path / "tb.toml")]) == 2
     one_error_line(capsys)
+
+
+def test_a_bound_below_the_float32_floor_is_warned_about_and_the_bisection_goes_on(
+    space: Path, tmp_path: Path, capsys
+) -> None:
+    from fusiontune.runner import float32_floor
+
+    floor = float32_floor(make_workload("transformer_block", **SIZES)).max_rel
+    bound = floor / 10
+    code = main(["bisect", str(space), "--bound", f"{bound:g}"])
+    captured = capsys.readouterr()
+    warning, error = captured.err.strip().splitlines()
+    assert warning == (
+        f"fusiontune: warning: the bound max_rel <= {bound:g} is below the float32 floor of"
+        f" transformer_block (max_rel {floor:.3g}, the unfused program in float32 vs the float64"
+        " reference): even exact passes will be blamed for rounding"
+    )
+    # It went on: both endpoints were evaluated; the all-off one breaks a bound below the floor.
+    assert captured.out.count("] endpoints ") == 2
+    assert code == 2 and error.startswith("fusiontune: error: the good configuration breaks the bound too")

@@ -9,7 +9,8 @@ package or argparse.
 
 Every user error (:class:`fusiontune.errors.UserError`, which :class:`ConfigError` is, a bad option
 value, or a missing file) prints one line, ``fusiontune: error: <file or option>: <what>``, to
-stderr and exits 2, with no traceback; argparse usage errors exit 2 too.
+stderr and exits 2, with no traceback; so does a usage error (a missing argument, an unknown
+option), with a pointer to the subcommand's ``--help``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from fusiontune.cli import bisect, convert, passes, report, run, tune
-from fusiontune.cli._options import PROG, format_table, quiet_stdout
+from fusiontune.cli._options import PROG, Parser, format_table, quiet_stdout
 from fusiontune.errors import UserError
 
 __all__ = ["EXIT_USER_ERROR", "PROG", "build_parser", "format_table", "main", "version"]
@@ -42,7 +43,7 @@ def version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand (exposed for tests and docs)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG, description="Auto-tuning harness for operator fusion (CANN / MindSpore style)."
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
@@ -65,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             args = parser.parse_args(convert.prepare_argv(sys.argv[1:] if argv is None else argv))
-        except SystemExit as e:  # usage errors (2), --help and --version (0)
+        except SystemExit as e:  # --help and --version (0)
             return e.code if isinstance(e.code, int) else EXIT_USER_ERROR
         return int(args.func(args))
     except BrokenPipeError:  # `fusiontune passes | head`: the reader left, nothing to report

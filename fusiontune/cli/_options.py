@@ -1,15 +1,19 @@
 """What every subcommand shares: the checks of option values, notes, and the output table.
 
-Every option value is checked here, at the edge, by an argparse ``type``: a bad value raises
-:class:`~fusiontune.errors.UserError` (an :class:`OptionError`, which argparse lets through, unlike ``ValueError``), and
-:func:`fusiontune.cli.main` prints it as one line, ``fusiontune: error: <option>: <what>``, exit 2.
+Every option value is checked here, at the edge, by an argparse ``type``: a bad value raises an
+:class:`OptionError` (a :class:`~fusiontune.errors.UserError`, which argparse lets through, unlike
+a ``ValueError``), and :func:`fusiontune.cli.main` prints it as one line,
+``fusiontune: error: <option>: <what>``, exit 2. Usage errors take the same form (:class:`Parser`).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
+import re
 import sys
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -21,6 +25,23 @@ PROG = "fusiontune"
 class OptionError(UserError):
     """A bad option value. Deliberately not a ``ValueError``: argparse turns those raised by a
     ``type`` into a multi-line usage error, and lets this one through to :func:`main`."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line too: ``<option>: <what> (see --help)``.
+
+    argparse prints the usage and ``prog sub: error: argument --x: ...``; this raises an
+    :class:`OptionError` instead, which :func:`fusiontune.cli.main` prints as
+    ``fusiontune: error: --x: ...`` (its subcommands' parsers are of this class too).
+    """
+
+    def error(self, message: str) -> typing.NoReturn:
+        message = re.sub(r"^argument ([^:]+): ", r"\1: ", message)
+        missing = re.fullmatch(r"(?:-\w/)?(--[\w-]+): expected one argument", message)
+        if missing:  # `--bound -1e-3`: argparse took the value for an option
+            option = missing.group(1)
+            message += f"; a value that starts with '-' is written {option}=VALUE"
+        raise OptionError(f"{message} (see `{self.prog} --help`)")
 
 
 def note(message: str) -> None:
@@ -146,7 +167,9 @@ def shape_assignment(option: str) -> Callable[[str], tuple[str, tuple[int, ...]]
                 f"{option}: expected NAME=AxBx..., e.g. input_ids=2x64, got {text!r}"
             ) from None
         if any(d < 1 for d in shape):
-            raise OptionError(f"{option}: every dimension of {name} must be >= 1, got {value.strip()}")
+            raise OptionError(
+                f"{option}: every dimension of {name} must be >= 1, got {value.strip()}"
+            )
         return name, shape
 
     return parse

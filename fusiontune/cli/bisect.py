@@ -31,16 +31,24 @@ def add_parser(sub: Any) -> None:
         " bound is below the workload's float32 floor (then even exact passes are blamed). Exit"
         " code 0 when the safe configuration holds the bound, 1 when it does not, 2 on bad input.",
     )
-    p.add_argument("space", metavar="SPACE", help="a search space file: the workload, metric and bound")
-    p.add_argument("--bad", metavar="FILE", help="fusion_switch.cfg or best_config.json that loses accuracy")
-    p.add_argument("--good", metavar="FILE", help="fusion_switch.cfg or best_config.json that holds the bound")
+    p.add_argument(
+        "space", metavar="SPACE", help="a search space file: the workload, metric and bound"
+    )
+    p.add_argument(
+        "--bad", metavar="FILE", help="fusion_switch.cfg or best_config.json that loses accuracy"
+    )
+    p.add_argument(
+        "--good", metavar="FILE", help="fusion_switch.cfg or best_config.json that holds the bound"
+    )
     p.add_argument(
         "--bound",
         metavar="X",
         type=positive_finite("--bound"),
         help="the accuracy bound, a finite number > 0 (default: the space's)",
     )
-    p.add_argument("--metric", metavar="M", help="max_abs, max_rel, rel_l2 or cosine (default: the space's)")
+    p.add_argument(
+        "--metric", metavar="M", help="max_abs, max_rel, rel_l2 or cosine (default: the space's)"
+    )
     p.add_argument(
         "--name",
         metavar="NAME",
@@ -54,7 +62,9 @@ def add_parser(sub: Any) -> None:
         default=0,
         help="Ray workers; 0 (default) evaluates in this process: the search asks one question at a time",
     )
-    p.add_argument("--ray-address", metavar="ADDR", help="join a running Ray cluster (with --workers K)")
+    p.add_argument(
+        "--ray-address", metavar="ADDR", help="join a running Ray cluster (with --workers K)"
+    )
     p.add_argument(
         "--replay",
         metavar="FILE",

@@ -102,7 +102,9 @@ def add_parser(sub: Any) -> None:
         help="also time the all-off program, interleaved, and print the speedup",
     )
     p.add_argument(
-        "--out", metavar="DIR", help="where fusion_result.json goes (default results/run_<workload>)"
+        "--out",
+        metavar="DIR",
+        help="where fusion_result.json goes (default results/run_<workload>)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_run)

@@ -23,8 +23,7 @@ from fusiontune.errors import UserError
 from fusiontune.measure import ErrorMetrics
 from fusiontune.passes.base import FusionReport
 from fusiontune.report import build_report, format_top, load_study_frame, report_command
-from fusiontune.report.build import ReportOptions
-from fusiontune.report.build import NO_FEASIBLE, NOT_CONFIRMED, NOT_DISTINGUISHABLE
+from fusiontune.report.build import NO_FEASIBLE, NOT_CONFIRMED, NOT_DISTINGUISHABLE, ReportOptions
 from fusiontune.report.plots import MISSING_SENTENCE
 from fusiontune.report.tables import (
     best_so_far,
