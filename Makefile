@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.installed-stamp
 WORKLOAD ?= transformer_block
 
 SPACE ?= search_spaces/transformer_block.toml
+## Extra options of `make tune`, e.g. TUNE_ARGS="--trials 4" (tests/readme/run_readme.py uses it).
+TUNE_ARGS ?=
 
 .PHONY: setup tune bisect run test test-fast test-zoo bench peers lint clean
 
@@ -20,7 +22,7 @@ setup: $(STAMP)
 ## The main job: an optuna sweep over the fusion passes on local Ray workers, ending with the
 ## ranked table and the recommended fusion_switch.cfg under results/<study>/.
 tune: $(STAMP)
-	$(BIN)/fusiontune tune $(SPACE) --workers 2
+	$(BIN)/fusiontune tune $(SPACE) --workers 2 $(TUNE_ARGS)
 
 ## Find the pass, then the fusion, that breaks transformer_block's accuracy bound.
 bisect: $(STAMP)
