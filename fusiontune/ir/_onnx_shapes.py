@@ -34,12 +34,17 @@ def _dims_text(shape: Sequence[int]) -> str:
 
 
 def _declared(vi: Any) -> list[tuple[int | None, str]] | None:
-    """The model's dimensions of an input: (fixed size or None, dim_param or ''), None: no shape."""
+    """The model's dimensions of an input: (fixed size or None, dim_param or ''), None: no shape.
+
+    A dimension is fixed when its ``dim_value`` field is *set*, whatever the value: 0 is a static
+    0-size dimension, not an unknown one (protobuf reads an unset field as 0 too, hence
+    ``HasField``). A negative value, which some converters write for "unknown", stays dynamic.
+    """
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
         return None
     return [
-        (int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else None, d.dim_param)
+        (int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else None, d.dim_param)
         for d in tt.shape.dim
     ]
 
@@ -71,9 +76,9 @@ def fix_input_shapes(
         ``(shapes, dims)``: every graph input's shape, and every named dimension's size.
 
     Raises:
-        OnnxImportError: an unknown name, a rank or fixed dimension that differs from the model's,
-            two sources that give one named dimension different sizes, or a dynamic dimension
-            nothing fixes. Errors about an array of ``arrays_file`` are :class:`InputFileError`,
+        OnnxImportError: an unknown name, an input the model gives a 0-size dimension, a rank or
+            fixed dimension that differs from the model's, two sources that give one named
+            dimension different sizes, or a dynamic dimension nothing fixes. Errors about an array of ``arrays_file`` are :class:`InputFileError`,
             naming the file and the key.
     """
     given = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
@@ -107,6 +112,13 @@ def fix_input_shapes(
             continue
         sources.append(_Given(name, shape, f"{arrays_file}: key {name!r}", f"key {name!r}", InputFileError))
     declared = {vi.name: _declared(vi) for vi in real}
+    for name, dims_of in declared.items():
+        zero = next((i for i, (value, _) in enumerate(dims_of or ()) if value == 0), None)
+        if zero is not None:
+            raise OnnxImportError(
+                f"{path}: input {name!r} dimension {zero} is 0 in the model"
+                f" {_declared_text(dims_of or [])}: a 0-size input has no elements to measure"
+            )
     shapes: dict[str, Shape] = {}
     for src in sources:
         _check_given(src, declared[src.input], fixed)

@@ -30,8 +30,9 @@ keep their ONNX names, and graph outputs always do.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -388,6 +389,19 @@ def check_supported(
         raise OnnxImportError(f"{path}: {'; '.join(parts)}")
 
 
+def weight_bytes(model: Any) -> int:
+    """Bytes of the model's initializers as arrays, from their dims (nothing is converted)."""
+    onnx = _onnx()
+    total = 0
+    for t in model.graph.initializer:
+        try:
+            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        except (KeyError, TypeError, ValueError):  # strings and other odd tensors: count a byte each
+            itemsize = 1
+        total += math.prod(int(d) for d in t.dims) * itemsize
+    return total
+
+
 def graph_inputs(model: Any) -> list[Any]:
     """The real inputs (old models also list their initializers as inputs)."""
     inits = {t.name for t in model.graph.initializer}
@@ -428,7 +442,8 @@ def _fold_node(imp: Importer, folder: ReferenceFolder, node: Any, initializers: 
             feeds[i] = imp.known_value(i)
         else:  # the live input of a Shape or Size: only its shape is read
             v = imp.value(imp.names[i])
-            feeds[i] = np.zeros(v.shape, v.dtype)
+            # a zero-stride view: the shape without the bytes (a large batch must not allocate)
+            feeds[i] = np.broadcast_to(np.zeros((), v.dtype), v.shape)
     try:
         results = folder.evaluate(node, feeds)
     except Exception as e:  # noqa: BLE001 - onnx.reference raises anything; the user gets one line
@@ -469,6 +484,7 @@ def import_model(
     *,
     arrays_file: str | os.PathLike[str] | None = None,
     array_shapes: Mapping[str, Sequence[int]] | None = None,
+    check_inputs: Callable[[Sequence[Value], int], None] | None = None,
 ) -> OnnxImport:
     """Import an ONNX model file as a static-shape graph of catalogue ops.
 
@@ -479,6 +495,9 @@ def import_model(
         arrays_file: the file of input arrays ``array_shapes`` describe (for messages).
         array_shapes: the shapes of the arrays the model will run on, by input name; keys that
             are not inputs are ignored. See :func:`fusiontune.ir._onnx_shapes.fix_input_shapes`.
+        check_inputs: called with the graph inputs (their static shapes fixed) and the bytes of
+            the model's weights once the shapes are known, before the import allocates anything
+            for them (folding ``ConstantOfShape`` of a batch dimension does); it raises to refuse.
 
     Returns:
         The graph (named after the file's stem; its outputs keep their ONNX names), with the
@@ -504,6 +523,14 @@ def import_model(
     shapes, fixed_dims = fix_input_shapes(
         model, spath, input_shapes, dims, None if arrays_file is None else str(arrays_file), array_shapes
     )
+    input_values = []
+    for vi in real_inputs:
+        dtype = np_dtype(vi.type.tensor_type.elem_type)
+        if dtype not in DTYPES:
+            raise OnnxImportError(f"{spath}: input {vi.name!r} has dtype {dtype} (supported: {', '.join(DTYPES)})")
+        input_values.append(Value(vi.name, shapes[vi.name], dtype))
+    if check_inputs is not None:
+        check_inputs(input_values, weight_bytes(model))
     reserved = {t.name for t in g.initializer} | {vi.name for vi in g.input} | {o for n in g.node for o in n.output}
     opset = default_opset(model)
     imp = Importer(spath, opset, reserved)
@@ -511,14 +538,10 @@ def import_model(
     for t in g.initializer:
         imp.current = t.name
         imp.bind_onnx(t.name, onnx.numpy_helper.to_array(t))
-    for vi in real_inputs:
-        elem = vi.type.tensor_type.elem_type
-        dtype = np_dtype(elem)
-        if dtype not in DTYPES:
-            raise OnnxImportError(f"{spath}: input {vi.name!r} has dtype {dtype} (supported: {', '.join(DTYPES)})")
-        imp.values[vi.name] = Value(vi.name, shapes[vi.name], dtype)
-        imp.inputs.append(vi.name)
-        imp.names[vi.name] = vi.name
+    for value in input_values:
+        imp.values[value.name] = value
+        imp.inputs.append(value.name)
+        imp.names[value.name] = value.name
     for name, node, is_live in zip(node_names(g), g.node, live, strict=True):
         imp.current = name
         if not is_live:

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from fusiontune.ir.graph import Graph, Node
+from fusiontune.ir.graph import Graph, Node, Value
 from fusiontune.ir.interpreter import random_inputs, run_graph
 from fusiontune.ir.onnx_import import InputFileError, OnnxImport
+from fusiontune.workloads._memory import check_fits, input_bytes, workload_bytes
 from fusiontune.workloads.workload import Workload
 
 ONNX_SUFFIX = ".onnx"
@@ -87,9 +88,13 @@ class OnnxSource:
         """
         return {} if self.inputs is None else read_input_file(self.inputs)
 
-    def load(self, arrays: Mapping[str, np.ndarray] | None = None) -> OnnxImport:
+    def load(self, arrays: Mapping[str, np.ndarray] | None = None, check_memory: bool = False) -> OnnxImport:
         """Import the model, its input shapes fixed by ``dims``, ``input_shapes`` and the shapes of
-        ``arrays`` (the input file's, read if None); see :func:`~fusiontune.ir.onnx_import.import_model`."""
+        ``arrays`` (the input file's, read if None); see :func:`~fusiontune.ir.onnx_import.import_model`.
+
+        With ``check_memory``, inputs whose shapes need more memory than the machine has
+        available are refused before the import allocates anything (see :meth:`describe_sizes`).
+        """
         from fusiontune.ir.onnx_import import import_model
 
         arrays = self.arrays() if arrays is None else arrays
@@ -99,6 +104,21 @@ class OnnxSource:
             dict(self.dims),
             arrays_file=self.inputs,
             array_shapes={k: v.shape for k, v in arrays.items()} if self.inputs is not None else None,
+            check_inputs=self._check_inputs if check_memory else None,
+        )
+
+    def describe_sizes(self) -> str:
+        """What fixes the model's sizes, for messages: ``model.onnx: --dim batch=8, --inputs x.npz``."""
+        given = [f"--dim {k}={v}" for k, v in self.dims]
+        given += [f"--input-shape {k}={'x'.join(map(str, s))}" for k, s in self.input_shapes]
+        given += [f"--inputs {self.inputs}"] if self.inputs is not None else []
+        return f"{self.path}: {', '.join(given)}" if given else self.path
+
+    def _check_inputs(self, inputs: Sequence[Value], weights: int) -> None:
+        check_fits(
+            input_bytes(inputs) + weights,
+            self.describe_sizes(),
+            "inputs with their float64 copies, and weights, before any intermediate value",
         )
 
     def graph(self) -> Graph:
@@ -284,13 +304,19 @@ def load_onnx_workload(source: OnnxSource, seed: int = 0) -> Workload:
     """Import the model, make its inputs (from the source's input file where it has them) and run
     the float64 reference.
 
+    Memory is checked twice before it is used: once the input shapes are fixed (inputs and
+    weights, before the import folds anything), and once the graph's shapes are all known
+    (inputs, weights and the float64 reference of every value), before any input is drawn.
+
     Raises:
         OnnxImportError: as :func:`~fusiontune.ir.onnx_import.import_model`.
         InputFileError: the input file is unreadable or does not fit the model.
+        UserError: the sizes need more memory than the machine has available.
     """
     arrays = source.arrays()
-    imported = source.load(arrays)
+    imported = source.load(arrays, check_memory=True)
     graph = imported.graph
+    check_fits(workload_bytes(graph), source.describe_sizes(), "inputs, weights and the float64 reference")
     inputs = onnx_inputs(graph, seed)
     if source.inputs is not None:
         inputs.update(file_inputs(graph, arrays, source.inputs))
