@@ -142,3 +142,17 @@ def how_to_apply(config: FusionConfig | None, out: Path, info: StudyInfo) -> lis
             ("pre", run),
         ]
     return doc
+
+
+def how_to_apply_lines(config: FusionConfig | None, out: Path, info: StudyInfo) -> list[str]:
+    """The same for a terminal: ``apply with CANN: atc ...`` and ``apply with MindSpore: ...``.
+
+    For a command's closing summary (``tune`` and ``report`` print the paths they wrote).
+    """
+    pres = [b[1] for b in how_to_apply(config, out, info) if b[0] == "pre"]
+    if len(pres) < 2:
+        return []
+    return [
+        f"apply with CANN:      {pres[0]}",
+        f"apply with MindSpore: {pres[1].splitlines()[-1]}",
+    ]

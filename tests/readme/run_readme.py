@@ -54,11 +54,7 @@ SKIPS: tuple[tuple[str, str], ...] = (
     (r"^make (bench|peers)\b", "benchmarks: minutes of measurements, never a check"),
     (r"^ray start\b", "a multi-machine Ray cluster: needs the other machines"),
     (r"--ray-address HEAD\b", "joins the multi-machine cluster above"),
-    (
-        r"^pip install\b",
-        "installs from the network; the quick start installed the test, plots and"
-        " postgres extras (--pip runs it)",
-    ),
+    (r"^pip install\b", "installs from PyPI (the network); --pip runs it"),
     (r"postgresql://", "needs a PostgreSQL server (--postgres URL runs it)"),
 )
 
@@ -341,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         root = scratch / "fusiontune"
         subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True)
         head = subprocess.run(
-            ["git", "-C", str(root), "log", "--oneline", "-1"], capture_output=True, text=True
+            ["git", "-C", str(root), "log", "-1", "--format=%h %s"], capture_output=True, text=True
         ).stdout.strip()
-        print(f"setup: fresh clone of {REPO} at {head} in {root}")
+        print(f"setup: fresh clone of {REPO} at {head[:72]} in {root}")
         if args.venv == "reuse":
             reuse_venv(root)
             print(

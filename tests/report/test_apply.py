@@ -9,7 +9,7 @@ from pathlib import Path
 from fusiontune.config.flags import parse_graph_kernel_flags, render_flags
 from fusiontune.config.fusion_config import FusionConfig, JobPass, job_table
 from fusiontune.report import build_report
-from fusiontune.report._apply import how_to_apply
+from fusiontune.report._apply import how_to_apply, how_to_apply_lines
 from fusiontune.report._render import to_markdown
 from fusiontune.tune.store import StudyInfo
 
@@ -124,3 +124,14 @@ def test_the_report_shows_how_to_apply_with_its_own_paths(tmp_path: Path):
     assert (
         out / "graph_kernel_flags.txt"
     ).read_text() == "\n"  # the defaults: the same empty string
+
+
+def test_terminal_lines_give_the_atc_and_set_context_lines():
+    lines = how_to_apply_lines(tuned(), OUT, BUILT_IN)
+    assert lines[0].startswith("apply with CANN:      atc --model=YOUR_MODEL.onnx ")
+    assert lines[0].endswith("--fusion_switch_file=results/tb/fusion_switch.cfg")
+    assert lines[1] == (
+        "apply with MindSpore: mindspore.set_context(enable_graph_kernel=True,"
+        f' graph_kernel_flags="{render_flags(tuned())}")'
+    )
+    assert how_to_apply_lines(None, OUT, BUILT_IN) == []
