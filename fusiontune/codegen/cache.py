@@ -136,7 +136,9 @@ def compile_kernel(src: KernelSource) -> CompiledKernel:
         fn = _load_healing(src)
     with _LOCK:
         _MEMORY[key] = fn
-    return CompiledKernel(fn, key, time.perf_counter() - t0, "disk" if _cache_hits(fn) else "compiled")
+    return CompiledKernel(
+        fn, key, time.perf_counter() - t0, "disk" if _cache_hits(fn) else "compiled"
+    )
 
 
 def clear_memory_cache() -> None:
@@ -184,10 +186,11 @@ def _sums_path(py: Path) -> Path:
 def _numba_dir(py: Path) -> Path:
     # numba's own rule (numba.core.caching): NUMBA_CACHE_DIR mirrors the source's folder under a
     # hashed name, otherwise machine code goes to __pycache__ beside the source.
-    if numba.config.CACHE_DIR:
+    root = getattr(numba.config, "CACHE_DIR", "")
+    if root:
         from numba.core.caching import _CacheLocator
 
-        return Path(numba.config.CACHE_DIR) / _CacheLocator.get_suitable_cache_subpath(str(py))
+        return Path(root) / _CacheLocator.get_suitable_cache_subpath(str(py))
     return py.parent / "__pycache__"
 
 
@@ -270,7 +273,9 @@ def _look_patiently(py: Path, text: str) -> _Entry:
     while True:
         entry = _look(py, text)
         judged = [p for p in entry.machine if entry.damage.startswith(p.name)]
-        fresh = any(time.time() - entry.files[p][2] / 1e9 < _FRESH_S for p in judged if p in entry.files)
+        fresh = any(
+            time.time() - entry.files[p][2] / 1e9 < _FRESH_S for p in judged if p in entry.files
+        )
         if not fresh or time.monotonic() > deadline:
             return entry
         time.sleep(0.05)
@@ -297,8 +302,10 @@ def _quarantine(entry: _Entry, reason: str) -> Path | None:
     Returns:
         The folder, or None when another process had already moved (or replaced) every file.
     """
-    folder = entry.py.parent / "quarantine" / (
-        f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    folder = (
+        entry.py.parent
+        / "quarantine"
+        / (f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     )
     moved = False
     for path, ident in entry.files.items():
