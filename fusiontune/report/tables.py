@@ -14,7 +14,10 @@ the ``error`` the job reported.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sqlite3
+import urllib.parse
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -68,10 +71,24 @@ def default_storage(results_dir: str | Path) -> str:
     return f"sqlite:///{Path(results_dir) / 'study.db'}"
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+OPTUNA_TABLES = ("studies", "trials", "study_user_attributes", "version_info", "alembic_version")
+"""Tables every optuna RDB storage has. ``version_info`` and ``alembic_version`` must also hold
+their row: optuna writes one into either when it finds it empty, which a reader must not cause."""
+STUDY_INFO_KEY = "space_toml"
+"""The study user attribute every fusiontune study has from its creation on (``StudyInfo``)."""
+
+
 def open_study(
     storage_url: str, study_name: str | None = None, fallback_name: str | None = None
 ) -> Any:
-    """Load an existing optuna study read-only; never creates a database or a study.
+    """Load an existing optuna study read-only; never creates a database, a table or a study.
+
+    Before optuna touches the storage, it is checked to be an optuna database without writing
+    anything (SQLite: the file's header, then its tables through a ``mode=ro`` connection; other
+    backends: SQLAlchemy's inspector), since optuna's ``RDBStorage`` writes its schema into
+    whatever it is pointed at. The chosen study must then be a fusiontune one (see
+    :func:`check_fusiontune_study`).
 
     Args:
         storage_url: a SQLAlchemy URL (``sqlite:///results/x/study.db``, ``postgresql://...``).
@@ -82,8 +99,9 @@ def open_study(
         The ``optuna.Study``.
 
     Raises:
-        UserError: the SQLite file does not exist, the storage cannot be opened, or the study
-            is not in it (the message lists the studies that are).
+        UserError: the SQLite file does not exist, the storage is not an optuna database or
+            cannot be opened, the study is not in it (the message lists the studies that are),
+            or it is not a fusiontune study.
     """
     import optuna
 
@@ -91,8 +109,11 @@ def open_study(
         path = Path(storage_url.removeprefix("sqlite:///").partition("?")[0])
         if not path.is_file():
             raise UserError(f"{path}: no such study database (run `fusiontune tune` first)")
+        check_sqlite_study_database(path)
+    else:
+        check_rdb_study_database(storage_url)
     try:
-        storage = optuna.storages.RDBStorage(storage_url)
+        storage = optuna.storages.RDBStorage(storage_url, skip_table_creation=True)
         names = [
             s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
         ]
@@ -111,7 +132,111 @@ def open_study(
         raise UserError(
             f"{storage_url}: no study {study_name!r} (studies: {', '.join(names) or 'none'})"
         )
-    return optuna.load_study(study_name=study_name, storage=storage)
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    check_fusiontune_study(study, storage_url)
+    return study
+
+
+def _not_a_study(where: str, why: str) -> UserError:
+    return UserError(
+        f"cannot open storage {where}: not a fusiontune study database ({why}); nothing was written"
+    )
+
+
+def check_sqlite_study_database(path: Path) -> None:
+    """Check, writing nothing, that an SQLite file is an initialised optuna database.
+
+    Args:
+        path: the database file (it exists).
+
+    Raises:
+        UserError: ``cannot open storage <path>: not a fusiontune study database (<why>);
+            nothing was written``:
+            an empty file, a file that is not SQLite, an SQLite database without optuna's
+            tables (or with ``version_info`` / ``alembic_version`` empty), or one SQLite
+            cannot read.
+    """
+    try:
+        with path.open("rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not header:
+        raise _not_a_study(str(path), "an empty file")
+    if header != SQLITE_HEADER:
+        raise _not_a_study(str(path), "not an SQLite file")
+    # mode=ro: the check itself never writes, not even the journal of a transaction it opens.
+    uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            rows = conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            tables = {r[0] for r in rows}
+            missing = [t for t in OPTUNA_TABLES if t not in tables]
+            if missing:
+                raise _not_a_study(str(path), f"no optuna tables: {', '.join(missing)} missing")
+            for table in ("version_info", "alembic_version"):
+                if conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0:
+                    raise _not_a_study(str(path), f"optuna's {table} table is empty")
+    except sqlite3.Error as e:
+        raise _not_a_study(str(path), f"SQLite cannot read it: {e}") from None
+
+
+def check_rdb_study_database(storage_url: str) -> None:
+    """Check, writing nothing, that a server database (PostgreSQL, MySQL) holds optuna's tables.
+
+    Best effort: a storage that cannot be reached or inspected is left to optuna, whose error
+    then names it; only a database reached and found without the tables is refused here.
+
+    Raises:
+        UserError: the database has no optuna tables, or their version rows are missing.
+    """
+    from fusiontune.tune._storage import display_url
+
+    try:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(storage_url)
+    except Exception:  # noqa: BLE001 - a bad URL or a missing driver: optuna says which below
+        return
+    where = display_url(storage_url)
+    try:
+        with engine.connect() as conn:
+            tables = set(sqlalchemy.inspect(conn).get_table_names())
+            missing = [t for t in OPTUNA_TABLES if t not in tables]
+            if missing:
+                raise _not_a_study(where, f"no optuna tables: {', '.join(missing)} missing")
+            for table in ("version_info", "alembic_version"):
+                count = conn.execute(sqlalchemy.text(f"SELECT COUNT(*) FROM {table}")).scalar()
+                if not count:
+                    raise _not_a_study(where, f"optuna's {table} table is empty")
+    except UserError:
+        raise
+    except Exception:  # noqa: BLE001 - unreachable server and the like: optuna's error says it
+        return
+    finally:
+        engine.dispose()
+
+
+def check_fusiontune_study(study: Any, storage_url: str) -> None:
+    """Refuse an optuna study that fusiontune did not create.
+
+    fusiontune writes the study's ``StudyInfo`` (``space_toml`` among its user attributes) right
+    after creating it, before any trial. A study with neither user attributes nor trials is one
+    interrupted in between and is accepted; one with attributes or trials but no ``space_toml``
+    belongs to another program.
+
+    Raises:
+        UserError: the study has user attributes or trials, and no ``space_toml`` attribute.
+    """
+    attrs = study.user_attrs
+    if STUDY_INFO_KEY in attrs or (not attrs and not study.get_trials(deepcopy=False)):
+        return
+    from fusiontune.tune._storage import display_url
+
+    raise UserError(
+        f"{display_url(storage_url)}: study {study.study_name!r} is not a fusiontune study (no"
+        f" {STUDY_INFO_KEY!r} user attribute); nothing was written"
+    )
 
 
 def load_study_frame(storage_url: str, study_name: str | None) -> pd.DataFrame:

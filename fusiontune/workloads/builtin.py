@@ -317,12 +317,11 @@ def make_workload(name: str, **sizes: int) -> Workload:
                 f"workload {name}: size {key} must be a positive integer, got {value!r}"
             )
     merged = {**spec.sizes, **{k: int(v) for k, v in sizes.items()}}
-    given = ", ".join(f"{k}={int(v)}" for k, v in sizes.items()) or "the default sizes"
+    given = ", ".join(f"{k}={int(v)}" for k, v in sizes.items())
+    what = f"{name}: {given}" if given else f"{name} at its default sizes"
     try:
         shapes = graph_shapes(spec, merged)
     except (ValueError, OverflowError) as e:  # numpy's shape arithmetic is int64: 2**63 breaks it
-        raise UserError(f"{name}: {given}: no graph has these sizes ({e})") from None
-    check_fits(
-        workload_bytes(shapes), f"{name}: {given}", "inputs, weights and the float64 reference"
-    )
+        raise UserError(f"{what}: no graph has these sizes ({e})") from None
+    check_fits(workload_bytes(shapes), what, "inputs, weights and the float64 reference")
     return build_workload(spec, merged)
