@@ -102,7 +102,9 @@ def confirm_command(
     if dropped:
         note += f"; the job failed for {', '.join(dropped.values())}"
     store = StudyStore(study)
-    record = confirmation_record(rows, defaults_trial, winner, distinguishable, note, store.count_finished())
+    record = confirmation_record(
+        rows, defaults_trial, winner, distinguishable, note, store.count_finished()
+    )
     store.write_confirmation(record)
     echo(format_confirmation(record))
     return record

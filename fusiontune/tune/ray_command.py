@@ -28,7 +28,7 @@ from typing import Any
 from fusiontune.errors import UserError
 from fusiontune.tune._job_output import refuse_bad_metrics
 from fusiontune.tune._job_process import TERM_GRACE_S
-from fusiontune.tune._ray_cluster import measuring_nodes, start_ray
+from fusiontune.tune._ray_cluster import measuring_nodes, start_ray, stop_ray
 from fusiontune.tune._ray_worker import MEASURE_SLOT, import_ray, one_line
 from fusiontune.tune.records import EvalRequest, EvalResult, EvalStatus
 from fusiontune.workloads.target import CommandTarget
@@ -169,8 +169,8 @@ class RayCommandEvaluator:
 
     def close(self) -> None:
         """Shut Ray down if this evaluator started it (idempotent)."""
-        if self._owns_ray and self._ray.is_initialized():
-            self._ray.shutdown()
+        if self._owns_ray:
+            stop_ray()
         self._owns_ray = False
 
     def __enter__(self) -> RayCommandEvaluator:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusiontune.errors import UserError
 from fusiontune.measure import MeasureConfig
-from fusiontune.tune._ray_cluster import measuring_nodes, start_ray
+from fusiontune.tune._ray_cluster import measuring_nodes, start_ray, stop_ray
 from fusiontune.tune._ray_worker import (
     MEASURE_SLOT,
     FaultHook,
@@ -163,8 +163,8 @@ class RayEvaluator:
                 if slot.actor is not None:
                     ray.kill(slot.actor, no_restart=True)
         self._slots = []
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+        if self._owns_ray:
+            stop_ray()
         self._owns_ray = False
 
     def __enter__(self) -> RayEvaluator:
