@@ -592,14 +592,14 @@ class BisectOptions:
     replay: str | None = None
 
     def __post_init__(self) -> None:
-        from fusiontune.workloads.space import _STUDY_NAME  # the rule of a space's `name`
+        from fusiontune.workloads.space import STUDY_NAME_RULE, is_study_name
 
         if self.workers < 0:
             raise UserError(f"workers must be >= 0, got {self.workers}")
         if self.bound is not None and not (self.bound > 0 and math.isfinite(self.bound)):
             raise UserError(f"the bound must be a finite number > 0, got {self.bound}")
-        if self.name is not None and not _STUDY_NAME.fullmatch(self.name):
-            raise UserError(f"name {self.name!r}: not a study name (letters, digits, '_', '.', '-')")
+        if self.name is not None and not is_study_name(self.name):
+            raise UserError(f"name {self.name!r}: not a study name ({STUDY_NAME_RULE})")
 
 
 def bisect_command(options: BisectOptions) -> int:

@@ -13,7 +13,8 @@ from fusiontune.workloads import WORKLOADS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fusiontune"
 STUDY_NAME = (
-    "expected a study name of letters, digits, '_', '.', '-' (it names the folder results/<name>/)"
+    "expected a study name of letters, digits, '_', '.', '-', starting with a letter or digit"
+    " (it names the folder results/<name>/)"
 )
 
 

@@ -105,12 +105,12 @@ def study_name(option: str) -> Callable[[str], str]:
     """
 
     def parse(text: str) -> str:
-        from fusiontune.workloads.space import _STUDY_NAME  # the rule of the space's `name`
+        from fusiontune.workloads.space import STUDY_NAME_RULE, is_study_name
 
-        if not _STUDY_NAME.fullmatch(text):
+        if not is_study_name(text):
             raise OptionError(
-                f"{option}: expected a study name of letters, digits, '_', '.', '-' (it names the"
-                f" folder results/<name>/), got {text!r}"
+                f"{option}: expected a study name of {STUDY_NAME_RULE} (it names the folder"
+                f" results/<name>/), got {text!r}"
             )
         return text
 

@@ -67,7 +67,7 @@ class TuneOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        from fusiontune.workloads.space import _STUDY_NAME  # the rule of a space's `name`
+        from fusiontune.workloads.space import STUDY_NAME_RULE, is_study_name
 
         for name, low in (("trials", 1), ("workers", 0), ("seed", 0), ("top_k", 0)):
             value = getattr(self, name)
@@ -75,8 +75,8 @@ class TuneOptions:
                 raise UserError(f"{name} must be >= {low}, got {value}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise UserError(f"timeout must be a positive duration, got {self.timeout_s} s")
-        if self.study is not None and not _STUDY_NAME.fullmatch(self.study):
-            raise UserError(f"study {self.study!r}: not a study name (letters, digits, '_', '.', '-')")
+        if self.study is not None and not is_study_name(self.study):
+            raise UserError(f"study {self.study!r}: not a study name ({STUDY_NAME_RULE})")
 
 
 def tune_command(options: TuneOptions) -> int:

@@ -18,6 +18,7 @@ from fusiontune.measure import METRICS
 from fusiontune.tune.records import EvalRequest, EvalResult, EvalStatus
 
 NOT_RECORDED = "not in the recorded table"
+_BISECT_JSON_DEPTH = 32  # a bisect.json nests about 8 levels (evaluations, result, fusion, ...)
 _FIELDS = {f.name for f in dataclasses.fields(EvalResult)}
 
 
@@ -100,9 +101,11 @@ class ReplayEvaluator:
         Raises:
             UserError: the file is not a bisect.json.
         """
+        from fusiontune.config.switch_file import check_json_depth
         from fusiontune.errors import read_user_file
 
         text = read_user_file(path)
+        check_json_depth(text, str(path), max_depth=_BISECT_JSON_DEPTH)
         try:
             data = json.loads(text)
             records = [

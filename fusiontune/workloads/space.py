@@ -52,8 +52,18 @@ MAX_GRID_SIZE = 10_000  # optuna's GridSampler materializes the whole grid
 MAX_TOML_DEPTH = 8  # a space nests 3 levels at most ([target.metrics] runtime = "..."); see _check_depth
 
 _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+STUDY_NAME_RULE = "letters, digits, '_', '.', '-', starting with a letter or digit"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)")
+
+
+def is_study_name(name: object) -> bool:
+    """Whether ``name`` may name a study, and so the folder ``results/<name>/``.
+
+    The rule of a space's ``name``, of ``--study`` and of ``bisect --name``: :data:`STUDY_NAME_RULE`.
+    No ``/``, so no absolute path, no ``..`` and no subfolder can leave ``results/``.
+    """
+    return isinstance(name, str) and _STUDY_NAME.fullmatch(name) is not None
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _SECTIONS = ("name", "workload", "target", "passes", "split_points", "accuracy", "measure", "search")
 _SEARCH_KEYS = (
@@ -485,10 +495,8 @@ class _Loader:
     def space(self, data: dict[str, Any]) -> SearchSpace:
         self.known(data, _SECTIONS)
         name = data.get("name", Path(self.path).stem)
-        if not isinstance(name, str) or not _STUDY_NAME.fullmatch(name):
-            self.fail(
-                "name", f"expected a study name of letters, digits, '_', '.', '-', got {name!r}"
-            )
+        if not is_study_name(name):
+            self.fail("name", f"expected a study name of {STUDY_NAME_RULE}, got {name!r}")
         if "target" in data:
             return self.command_space(data, name)
         if "workload" not in data:

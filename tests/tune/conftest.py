@@ -16,9 +16,9 @@ def ray_cluster() -> Iterator[Any]:
     actor takes one CPU, so close one 2-worker evaluator before starting the next.
     """
     ray = pytest.importorskip("ray")
-    from fusiontune.tune.ray_evaluator import start_ray
+    from fusiontune.tune.ray_evaluator import start_ray, stop_ray
 
     owned = start_ray(None, num_cpus=2)
     yield ray
     if owned:
-        ray.shutdown()
+        stop_ray()  # and the watchdog with it: nothing of this instance outlives the module
