@@ -30,7 +30,7 @@ from fusiontune.errors import UserError
 from fusiontune.passes.base import GRAPH_FUSION, FusionReport
 from fusiontune.passes.registry import BY_NAME
 from fusiontune.report import plots
-from fusiontune.report._apply import how_to_apply
+from fusiontune.report._apply import how_to_apply, how_to_apply_lines
 from fusiontune.report._render import Block, to_html, to_markdown
 from fusiontune.report.tables import (
     DEFAULTS,
@@ -80,10 +80,21 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
-class _Built:
+class BuiltReport:
+    """What :func:`write_report` wrote and chose.
+
+    Attributes:
+        paths: every file written, in the order of :func:`build_report`'s list.
+        frame: the study's table (:func:`~fusiontune.report.tables.study_frame`), ranked.
+        recommendation: the configuration recommended and why.
+        apply_lines: for a terminal: the ATC command and the ``set_context`` line that apply the
+            recommendation (none when nothing is recommended).
+    """
+
     paths: list[Path]
     frame: pd.DataFrame
     recommendation: Recommendation
+    apply_lines: tuple[str, ...] = ()
 
 
 # ---- the recommendation --------------------------------------------------------------------------
@@ -456,7 +467,10 @@ def _attribution(frame: pd.DataFrame, effect: pd.DataFrame, searched: list[str],
 
 
 # ---- entry points --------------------------------------------------------------------------------
-def _build(results_dir: str | Path, storage_url: str | None, study_name: str | None) -> _Built:
+def write_report(
+    results_dir: str | Path, storage_url: str | None = None, study_name: str | None = None
+) -> BuiltReport:
+    """:func:`build_report`, returning the table and the recommendation too (for a terminal summary)."""
     out = Path(results_dir)
     if storage_url is None and not out.is_dir():
         raise UserError(f"{out}: no such results folder")
@@ -500,7 +514,8 @@ def _build(results_dir: str | Path, storage_url: str | None, study_name: str | N
         to_html(doc, f"fusiontune report: {study.study_name}"), encoding="utf-8"
     )
     paths += [out / "report.md", out / "report.html", *_write_recommendation(rec, out)]
-    return _Built(paths, frame, rec)
+    apply = how_to_apply_lines(rec.config, out, StudyStore(study).info())
+    return BuiltReport(paths, frame, rec, tuple(apply))
 
 
 def build_report(
@@ -522,7 +537,7 @@ def build_report(
         UserError: the folder, the database or the study does not exist, or the storage cannot
             be opened.
     """
-    return _build(results_dir, storage_url, study_name).paths
+    return write_report(results_dir, storage_url, study_name).paths
 
 
 @dataclass(frozen=True)
@@ -554,10 +569,12 @@ def report_command(options: ReportOptions) -> int:
     Raises:
         UserError: see :func:`build_report`.
     """
-    built = _build(options.results_dir, options.storage, options.study)
+    built = write_report(options.results_dir, options.storage, options.study)
     print(format_top(built.frame, 10))
     print()
     print(built.recommendation.reason)
+    for line in built.apply_lines:
+        print(line)
     print("wrote:")
     for path in built.paths:
         print(f"  {path}")

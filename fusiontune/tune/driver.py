@@ -260,13 +260,16 @@ def _confirm(
 
 
 def _report(results_dir: Path, storage_url: str, study_name: str) -> list[Path]:
-    from fusiontune.report import build_report, format_top, load_study_frame
+    from fusiontune.report import format_top, load_study_frame
+    from fusiontune.report.build import write_report
 
-    paths = build_report(results_dir, storage_url=storage_url, study_name=study_name)
+    built = write_report(results_dir, storage_url=storage_url, study_name=study_name)
     frame = load_study_frame(storage_url, study_name)
     print(format_top(frame, n=10))
+    for line in built.apply_lines:
+        print(line)
     db = _sqlite_path(storage_url)
-    return ([db] if db is not None and db not in paths else []) + list(paths)
+    return ([db] if db is not None and db not in built.paths else []) + list(built.paths)
 
 
 def _sqlite_path(url: str) -> Path | None:
