@@ -131,7 +131,7 @@ def test_tune_parses_into_tune_options(
 
 
 def test_bisect_parses_into_bisect_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fusiontune import bisect
+    from fusiontune.bisect import driver as bisect
 
     seen: list[bisect.BisectOptions] = []
     monkeypatch.setattr(bisect, "bisect_command", lambda options: seen.append(options) or 0)

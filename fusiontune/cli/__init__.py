@@ -3,7 +3,7 @@
 A thin layer: one module per subcommand builds its parser, checks every option value at the edge
 (:mod:`fusiontune.cli._options`), turns the parsed arguments into the typed options record of the
 library function it calls (:class:`fusiontune.runner.RunOptions`,
-:class:`fusiontune.tune.driver.TuneOptions`, :class:`fusiontune.bisect.BisectOptions`,
+:class:`fusiontune.tune.driver.TuneOptions`, :class:`fusiontune.bisect.driver.BisectOptions`,
 :class:`fusiontune.report.build.ReportOptions`), and calls it. No library module imports this
 package or argparse.
 

@@ -15,7 +15,7 @@ from fusiontune.cli._options import (
 )
 
 if TYPE_CHECKING:
-    from fusiontune.bisect import BisectOptions
+    from fusiontune.bisect.driver import BisectOptions
 
 
 def add_parser(sub: Any) -> None:
@@ -76,7 +76,7 @@ def add_parser(sub: Any) -> None:
 
 def bisect_options(args: argparse.Namespace) -> BisectOptions:
     """The typed options of the parsed ``bisect`` arguments."""
-    from fusiontune.bisect import BisectOptions
+    from fusiontune.bisect.driver import BisectOptions
 
     return BisectOptions(
         space=Path(args.space),
@@ -92,6 +92,6 @@ def bisect_options(args: argparse.Namespace) -> BisectOptions:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fusiontune.bisect import bisect_command
+    from fusiontune.bisect.driver import bisect_command
 
     return int(bisect_command(bisect_options(args)))
