@@ -226,7 +226,9 @@ SPECS = (
     JobSpec("split10", 10, pairwise=2, culprits=(1,), noise=0.02, splits=2, seed=1012),
     JobSpec("three16", 16, pairwise=3, threeway=2, culprits=(1,), noise=0.02, seed=16),
     JobSpec("noisy16", 16, pairwise=3, culprits=(1,), noise=0.05, seed=116),
-    JobSpec("split13", 13, pairwise=2, threeway=1, culprits=(1, 1), noise=0.03, splits=3, seed=1316),
+    JobSpec(
+        "split13", 13, pairwise=2, threeway=1, culprits=(1, 1), noise=0.03, splits=3, seed=1316
+    ),
     JobSpec("add20", 20, pairwise=2, culprits=(1,), noise=0.02, seed=20),
     JobSpec("three24", 24, pairwise=4, threeway=2, culprits=(1, 1), noise=0.03, seed=24),
     JobSpec("pair24", 24, pairwise=5, culprits=(2,), noise=0.01, seed=124),

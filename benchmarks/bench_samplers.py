@@ -133,7 +133,9 @@ def run_task(task: Task, tmp: str) -> Trace:
                 evaluator: Any = ReplayEvaluator.from_study(f"sqlite:///{job.record}", job.name)
                 run_tune(space, evaluator, url, job.name, task.trials, **kwargs)
             elif job.is_command:
-                run_tune(space, PlantedEvaluator(job, task.seed), url, job.name, task.trials, **kwargs)
+                run_tune(
+                    space, PlantedEvaluator(job, task.seed), url, job.name, task.trials, **kwargs
+                )
             else:
                 with mock.patch.object(_study, "program_hash", _key_hash):
                     evaluator = PlantedEvaluator(job, task.seed)
@@ -161,9 +163,7 @@ def _run_task_tmp(task: Task) -> tuple[Task, Trace, float]:
         return task, run_task(task, d), time.perf_counter() - t0
 
 
-def run_tasks(
-    tasks: Sequence[Task], parallel: int, cache: Path | None
-) -> dict[str, Trace]:
+def run_tasks(tasks: Sequence[Task], parallel: int, cache: Path | None) -> dict[str, Trace]:
     """Every task's trace, from the cache when it holds the task, else run (in parallel)."""
     traces: dict[str, Trace] = {}
     if cache is not None and cache.exists():
@@ -282,7 +282,9 @@ def job_table(jobs: Sequence[PlantedJob | ReplayJob], markdown: bool) -> str:
     rows = []
     for j in jobs:
         if isinstance(j, PlantedJob):
-            splits = ", ".join(f"{k.split('.')[0][:-10]}.{k.split('.')[1]} {list(v)}" for _, k, v in j.splits)
+            splits = ", ".join(
+                f"{k.split('.')[0][:-10]}.{k.split('.')[1]} {list(v)}" for _, k, v in j.splits
+            )
             rows.append([
                 j.name, str(len(j.switches)), splits or "-", j.structure, f"{j.noise:.0%}",
                 ", ".join(j.culprit_names()), str(j.points), f"{j.optimum_s * 1e6:.1f} us",
@@ -340,7 +342,9 @@ def goal_lines(
                 if scores[(j.name, s)].within[(0.01, at)] < GOAL_SEEDS * scores[(j.name, s)].seeds
             ]
             verdict = "met" if not missed else "missed: " + ", ".join(missed)
-            lines.append(f"{s}: within 1% at {at} trials in >= 19/20 seeds on jobs <= 16 switches: {verdict}")
+            lines.append(
+                f"{s}: within 1% at {at} trials in >= 19/20 seeds on jobs <= 16 switches: {verdict}"
+            )
         if s != "random" and all((j.name, "random") in scores for j in jobs):
             ratios = [
                 scores[(j.name, s)].reach_median() / scores[(j.name, "random")].reach_median()
@@ -361,8 +365,13 @@ def goal_lines(
             if s in ("tpe", "random"):
                 continue
             sc = scores[(j.name, s)]
-            worse = sc.reach_median() > tpe.reach_median() or sc.within[(0.02, trials)] < tpe.within[(0.02, trials)]
-            lines.append(f"{s} on replay {j.name}: {'worse than' if worse else 'not worse than'} TPE")
+            worse = (
+                sc.reach_median() > tpe.reach_median()
+                or sc.within[(0.02, trials)] < tpe.within[(0.02, trials)]
+            )
+            lines.append(
+                f"{s} on replay {j.name}: {'worse than' if worse else 'not worse than'} TPE"
+            )
     return lines
 
 
@@ -447,7 +456,9 @@ def record_replay(quick: bool, record: Path | None, fresh: bool) -> ReplayJob | 
     complete = StudyStore(grid).trials((TrialState.COMPLETE,))
     feasible = [t.median_s for t in complete if t.feasible]
     if not feasible:
-        print(f"{space.name}: no feasible configuration in the grid: nothing to find", file=sys.stderr)
+        print(
+            f"{space.name}: no feasible configuration in the grid: nothing to find", file=sys.stderr
+        )
         return None
     return ReplayJob(space.name, text, str(path), min(feasible), grid_size(space), space.searched)
 
@@ -467,7 +478,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true",
                         help=f"3 seeds, 40 trials, jobs {','.join(_planted.QUICK_JOBS)}; a 16-point replay")  # fmt: skip
     parser.add_argument("--seeds", type=int, help="seeds per sampler and job (default 20)")
-    parser.add_argument("--trials", type=int, help="trials per run, baselines included (default 80)")
+    parser.add_argument(
+        "--trials", type=int, help="trials per run, baselines included (default 80)"
+    )
     parser.add_argument("--jobs", help="planted jobs, comma-separated (default: all)")
     parser.add_argument("--samplers", help="comma-separated (default: all but grid and nsga2)")
     parser.add_argument("--jobs-parallel", type=int, default=os.cpu_count() or 1,
@@ -479,7 +492,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--replays", action="store_true",
                         help="the recorded built-in grid replay instead of the planted jobs")  # fmt: skip
     parser.add_argument("--record", type=Path, help="with --replays: SQLite file of the grid")
-    parser.add_argument("--fresh", action="store_true", help="with --replays: measure the grid again")
+    parser.add_argument(
+        "--fresh", action="store_true", help="with --replays: measure the grid again"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -535,8 +550,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "switches": len(j.switches),
                 "samplers": {
                     s: {
-                        "within": {f"{tol:g}@{n}": scores[(j.name, s)].within[(tol, n)]
-                                   for tol in TOLERANCES for n in _checkpoints(trials)},  # fmt: skip
+                        "within": {
+                            f"{tol:g}@{n}": scores[(j.name, s)].within[(tol, n)]
+                            for tol in TOLERANCES
+                            for n in _checkpoints(trials)
+                        },  # fmt: skip
                         "exact": scores[(j.name, s)].exact,
                         "reach": scores[(j.name, s)].reach,
                         "reach_median": scores[(j.name, s)].reach_median(),
