@@ -77,10 +77,14 @@ class RaceConfig:
         """How many times a race of ``max_runs`` runs is tested: after runs min_runs..max_runs-1."""
         return max(0, max_runs - self.min_runs)
 
-    def level(self, max_runs: int) -> float:
-        """The level of one look: ``alpha`` split over the looks (Bonferroni); 0 when none."""
-        looks = self.looks(max_runs)
-        return self.alpha / looks if looks else 0.0
+    def level(self, max_runs: int, looks: int | None = None) -> float:
+        """The level of one look: ``alpha`` split over the looks (Bonferroni); 0 when none.
+
+        ``looks`` defaults to one after each run (:meth:`looks`); a race that looks less often
+        (the confirmation, once per round) splits ``alpha`` over fewer.
+        """
+        looks = self.looks(max_runs) if looks is None else looks
+        return self.alpha / looks if looks > 0 else 0.0
 
 
 RACE = RaceConfig()
@@ -107,10 +111,10 @@ class RaceDecision:
     level: float = 0.0
     ratio: float = math.nan
 
-    def describe(self) -> str:
+    def describe(self, than: str = "the incumbent") -> str:
         """``clearly slower than the incumbent after 2 of 5 runs (1.21x, p = 0.0031 <= 0.0167)``."""
         return (
-            f"clearly slower than the incumbent after {self.runs} of {self.max_runs} runs"
+            f"clearly slower than {than} after {self.runs} of {self.max_runs} runs"
             f" ({self.ratio:.2f}x, p = {self.p_value:.2g} <= {self.level:.3g})"
         )
 
@@ -148,6 +152,7 @@ def clearly_worse(
     incumbent: Sequence[float],
     max_runs: int,
     config: RaceConfig = RACE,
+    looks: int | None = None,
 ) -> RaceDecision:
     """One look of the race: stop repeating ``candidate`` now?
 
@@ -159,6 +164,8 @@ def clearly_worse(
         incumbent: the incumbent's runtimes (seconds, > 0).
         max_runs: the runs the candidate gets when it is not raced out (``target.repeats``).
         config: the test's settings.
+        looks: how many looks the whole race makes, when not one after each run from
+            ``min_runs`` to ``max_runs - 1`` (the level is ``alpha / looks``).
 
     Returns:
         The decision, with its p-value and level when tested.
@@ -166,7 +173,9 @@ def clearly_worse(
     k = len(candidate)
     if k < config.min_runs or k >= max_runs or len(incumbent) < 2:
         return RaceDecision(False, k, max_runs)
-    level = config.level(max_runs)
+    level = config.level(max_runs, looks)
+    if level <= 0.0:
+        return RaceDecision(False, k, max_runs)
     p, ratio = worse_p_value(candidate, incumbent, config)
     return RaceDecision(p <= level, k, max_runs, p, level, ratio)
 

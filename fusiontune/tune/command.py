@@ -9,7 +9,15 @@ own, ``<base>/<trial number>/`` (``results/<study>/trials/<n>/`` for a sweep,
 - ``config.json``: the configuration as ``best_config.json``;
 - ``stdout.log``, ``stderr.log`` (``stdout.2.log`` ... for further repeats): capped at 1 MiB each;
 - ``result.json``: the command line, each run's exit code, wall time and metrics, the reason of a
-  failure, the fusion statistics; ``metrics.json``: the metrics alone.
+  failure or of an early stop (``raced_out``), the fusion statistics; ``metrics.json``: the
+  metrics alone.
+
+Racing: a request with ``race_against`` (the incumbent's runtimes, from the tuning loop) stops
+repeating the job as soon as the runs made are clearly slower than the incumbent
+(:func:`fusiontune.measure.racing.clearly_worse`, a look after each run from the second on), and
+one with a finite ``race_bound`` once a run's error is above it (the error is the maximum over
+the runs, so no further run can bring it back under). The result is ``ok`` with the median of the
+runs made, ``runs`` and ``raced_out`` set.
 
 The placeholders of the command, its environment and its working directory are filled from these
 files (:data:`fusiontune.workloads.target.PLACEHOLDERS`). A non-zero exit, a timeout (the job's
@@ -23,6 +31,7 @@ its working directory), else from GE log lines with ``matched_times`` / ``effect
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -42,6 +51,7 @@ from fusiontune.config.flags import render_flags
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.config.switch_file import dump_switch_json
 from fusiontune.measure import MeasureConfig, Timing, is_noisy
+from fusiontune.measure.racing import clearly_worse
 from fusiontune.passes.base import FusionReport
 from fusiontune.tune._job_output import (
     MetricError,
@@ -129,7 +139,8 @@ def run_command_trial(
     Returns:
         ``ok`` with the median runtime of the runs, the largest error (``errors["error"]``) and
         the fusion statistics; or ``failed`` with the reason and the log path. Never raises for
-        the job's own failure.
+        the job's own failure. The runs stop early when the request races
+        (``race_against``, ``race_bound``: see the module docstring).
     """
     host = socket.gethostname()
     node = node or host
@@ -148,6 +159,7 @@ def run_command_trial(
     errors: list[float] = []
     metrics: dict[str, float] = {}
     reason = ""
+    raced_out = ""
     status = EvalStatus.OK
     started = time.time()
     stdout_text = stderr_text = ""
@@ -187,8 +199,12 @@ def run_command_trial(
                 record.update(runtime_s=runtime, error=error, reported=metrics)
                 runtimes.append(runtime)
                 errors.append(error)
+                raced_out = _race_stop(request, node, runtimes, error, runs)
         if reason:
             record["reason"] = reason
+            break
+        if raced_out:
+            record["raced_out"] = raced_out
             break
     kinds = {p.name: str(p.kind) for p in request.config.pass_rows()}
     fusion, fusion_source = _fusion_stats(prepared, started, stdout_text, stderr_text, kinds)
@@ -201,14 +217,35 @@ def run_command_trial(
     }
     if metrics:
         extra["metrics"] = metrics
+    if raced_out:
+        extra["raced_out"] = raced_out
     if fusion_source:
         extra["fusion_source"] = fusion_source
     if reason:
-        result = EvalResult(request.trial, key, "", status, reason, node=node, fusion=fusion, extra=extra)
+        result = EvalResult(
+            request.trial, key, "", status, reason, runs=len(records), node=node, fusion=fusion, extra=extra
+        )
     else:
         result = _ok_result(request, key, runtimes, errors, metrics, node, fusion, extra)
+        result = dataclasses.replace(result, runs=len(records), raced_out=bool(raced_out))
     _write_record(prepared, request, result, records)
     return result
+
+
+def _race_stop(
+    request: EvalRequest, node: str, runtimes: Sequence[float], error: float, runs: int
+) -> str:
+    """Why the job's repeats stop after this run, or "" to go on."""
+    done = len(runtimes)
+    if done >= runs:
+        return ""
+    if error > request.race_bound:  # the maximum over the runs can only grow
+        return f"error {error:.3g} above the bound {request.race_bound:g} after {done} of {runs} runs"
+    if request.race_against and (not request.race_node or request.race_node == node):
+        decision = clearly_worse(runtimes, request.race_against, runs)
+        if decision.stop:
+            return decision.describe()
+    return ""
 
 
 def _process_failure(
@@ -312,6 +349,7 @@ def _write_record(
         "cwd": str(prepared.cwd),
         "env": prepared.env_overrides,
         "runs": runs,
+        "raced_out": result.extra.get("raced_out", ""),
         "runtime_s": None if not math.isfinite(result.median_s) else result.median_s,
         "error": result.reported.get("error"),
         "fusion": {

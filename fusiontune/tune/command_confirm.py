@@ -5,6 +5,12 @@ in this process: the top k feasible configurations (one per distinct configurati
 defaults are run round-robin, each round once per candidate (``target.repeats`` runs each),
 starting one further along each round, on this machine. The samples give each a median and its
 confidence interval, and the winner is named the same way.
+
+Racing (``target.racing``): after each round but the last, a candidate whose runs so far are
+clearly slower than the best feasible candidate's (:func:`fusiontune.measure.racing.clearly_worse`,
+``alpha`` split over the rounds that look) is not run again. Its row keeps the samples of the
+rounds it ran (its confidence interval is theirs, wider for fewer), and the note names it. The
+defaults are never raced out: the winner is decided against them.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from typing import Any
 import numpy as np
 import optuna
 
+from fusiontune.measure.racing import RACE, clearly_worse
 from fusiontune.tune.confirm import (
+    Candidate,
     ConfirmedRow,
     confirmation_record,
     decide,
@@ -73,11 +81,12 @@ def confirm_command(
     samples: dict[int, list[float]] = {c.trial: [] for c in candidates}
     errors: dict[int, float] = {c.trial: -math.inf for c in candidates}
     dropped: dict[int, str] = {}
+    raced: dict[int, str] = {}
     for r in range(rounds):
         make = evaluator_factory or (lambda folder: CommandEvaluator(target, folder))
         evaluator = make(Path(base_dir) / f"round{r}")
         order = [candidates[(r + j) % len(candidates)] for j in range(len(candidates))]
-        order = [c for c in order if c.trial not in dropped]
+        order = [c for c in order if c.trial not in dropped and c.trial not in raced]
         try:
             results = evaluator.evaluate([EvalRequest(c.trial, c.config) for c in order])
         finally:
@@ -89,6 +98,11 @@ def confirm_command(
                 continue
             samples[c.trial].extend(result.samples_s or (result.median_s,))
             errors[c.trial] = max(errors[c.trial], result.error(space.metric))
+        if target.racing and r < rounds - 1:
+            live = [c for c in candidates if c.trial not in dropped and c.trial not in raced]
+            raced.update(
+                _race_round(live, samples, errors, space.bound, defaults_trial, rounds, target.repeats)
+            )
     rows = []
     for c in candidates:
         if c.trial in dropped or not samples[c.trial]:
@@ -99,6 +113,8 @@ def confirm_command(
         ok = c.feasible and math.isfinite(error) and error <= space.bound
         rows.append(ConfirmedRow(c, tuple(s), float(np.median(s)), low, high, error, ok))
     winner, distinguishable, note = decide(rows, defaults_trial)
+    if raced:
+        note += f"; not run again, clearly slower than the best: {', '.join(raced.values())}"
     if dropped:
         note += f"; the job failed for {', '.join(dropped.values())}"
     store = StudyStore(study)
@@ -108,3 +124,34 @@ def confirm_command(
     store.write_confirmation(record)
     echo(format_confirmation(record))
     return record
+
+
+def _race_round(
+    live: list[Candidate],
+    samples: dict[int, list[float]],
+    errors: dict[int, float],
+    bound: float,
+    defaults_trial: int | None,
+    rounds: int,
+    repeats: int,
+) -> dict[int, str]:
+    """The candidates raced out after a round: clearly slower than the best feasible one.
+
+    The race looks once per round that ends with 2 samples or more, but the last (``looks``), so
+    the chance to race out a candidate as fast as the best stays at most ``RACE.alpha``.
+    """
+    looks = sum(1 for q in range(rounds - 1) if (q + 1) * repeats >= RACE.min_runs)
+    feasible = [
+        c for c in live if c.feasible and errors[c.trial] <= bound and len(samples[c.trial]) >= 2
+    ]
+    if not feasible:
+        return {}
+    best = min(feasible, key=lambda c: (float(np.median(samples[c.trial])), c.trial))
+    out: dict[int, str] = {}
+    for c in live:
+        if c is best or c.trial == defaults_trial:
+            continue
+        decision = clearly_worse(samples[c.trial], samples[best.trial], rounds * repeats, looks=looks)
+        if decision.stop:
+            out[c.trial] = f"trial {c.trial} ({decision.describe(f'trial {best.trial}')})"
+    return out

@@ -86,6 +86,13 @@ class EvalRequest:
             every trial has a baseline from the node that measured it.
         label: names a request outside a study's trials (``trial`` -1), e.g. a baseline
             measurement ``baseline-<window>-<k>-defaults``: a command target's folder.
+        race_against: the incumbent's runtimes (seconds): a command target stops repeating the
+            job once its runs are clearly slower than these (:mod:`fusiontune.measure.racing`);
+            empty: no race, every repeat runs.
+        race_node: the node the incumbent was measured on; the race is run only on that node
+            (another node's runtimes are not comparable). Empty: any node.
+        race_bound: the accuracy bound; a command target stops repeating once a run's error is
+            above it (the error is the maximum over the runs: it can only grow). ``inf``: never.
     """
 
     trial: int
@@ -95,6 +102,9 @@ class EvalRequest:
     applications: bool = False
     node: str = ""
     label: str = ""
+    race_against: tuple[float, ...] = ()
+    race_node: str = ""
+    race_bound: float = math.inf
 
     def key(self) -> str:
         return request_key(self.config, self.deny)
@@ -124,6 +134,10 @@ class EvalResult:
         noisy: the spread stayed above the measurement's threshold after its retries
             (``MeasureConfig``): the median is not to be trusted.
         attempts: how many times it was measured (retries of a too-wide measurement included).
+        runs: how many times a command target ran the job (0 for other evaluators).
+        raced_out: the job's repeats stopped early: its runs were clearly slower than the
+            incumbent's, or its error broke the bound (``extra["raced_out"]`` says which). The
+            measurement stands: the median of the ``runs`` made.
         errors: the error metrics against the float64 reference; None for a failure or a
             command target.
         reported: what a command target's job reported (``error`` is its bounded metric).
@@ -150,6 +164,8 @@ class EvalResult:
     ci_high_s: float = math.nan
     noisy: bool = False
     attempts: int = 0
+    runs: int = 0
+    raced_out: bool = False
     errors: ErrorMetrics | None = None
     reported: Mapping[str, float] = field(default_factory=dict)
     kernels: int = 0
@@ -199,6 +215,8 @@ class EvalResult:
         for name in ("ci_low_s", "ci_high_s"):
             d[name] = math.nan if d.get(name) is None else float(d[name])
         d["samples_s"] = tuple(float(x) for x in d.get("samples_s", ()))
+        d["runs"] = int(d.get("runs") or 0)
+        d["raced_out"] = bool(d.get("raced_out", False))
         errors = d.get("errors") or {}
         reported = dict(d.get("reported") or {})
         if errors and all(m in errors for m in METRICS):

@@ -13,6 +13,14 @@ sweep, or its resumption) measures the defaults and all-off on every node before
 and again every ``baseline_every`` trials or ``baseline_minutes`` minutes, and records with every
 trial which of those measurements it is compared with.
 
+Racing (a command target with ``racing`` on and ``repeats`` > 1): every request carries the
+incumbent's runtimes, ``race_against``: the fastest feasible measurement of this window (a trial,
+or a baseline before any trial is feasible) with two runs or more, never one raced out itself, and
+the node it ran on. The job stops repeating a configuration clearly slower than that
+(:mod:`fusiontune.measure.racing`), or whose error breaks the bound; the trial is COMPLETE with
+the median of the runs made (``EvalResult.runs``, ``raced_out``). With a wall-time budget
+(``--timeout``) the runs saved go to new points; ``TuneResult.runs_saved`` counts them.
+
 Several drivers may share one study (SQLite or a database server). Under the study's lock a driver
 fails the trials of dead drivers, enqueues the baseline trials (once per study), and asks its
 share of the budget; the budget counts the study's trials, finished and running, not this
@@ -92,6 +100,10 @@ class TuneResult:
         stopped_reason: ``budget``, ``timeout``, ``interrupted``, ``grid exhausted`` or
             ``stop_when``.
         window: this call's window (the ``Baseline.window`` of the baselines it measured).
+        runs: job runs a command target made for this call's trials (0 for other evaluators).
+        runs_saved: job runs racing saved (``repeats`` minus the runs made, over the trials
+            raced out).
+        raced_out: trials of this call that were raced out.
     """
 
     study_name: str
@@ -102,6 +114,23 @@ class TuneResult:
     best_median_s: float | None
     stopped_reason: str
     window: str = ""
+    runs: int = 0
+    runs_saved: int = 0
+    raced_out: int = 0
+
+    def racing_line(self) -> str:
+        """``racing: 37 of 120 job runs saved (14 trials raced out)``; "" when nothing raced."""
+        return racing_line(self.runs, self.runs_saved, self.raced_out)
+
+
+def racing_line(runs: int, runs_saved: int, raced_out: int) -> str:
+    """``racing: 37 of 120 job runs saved (14 trials raced out)``; "" when nothing raced."""
+    if not raced_out:
+        return ""
+    return (
+        f"racing: {runs_saved} of {runs + runs_saved} job runs saved"
+        f" ({raced_out} trial{'s' if raced_out != 1 else ''} raced out)"
+    )
 
 
 def default_storage_url(study_name: str, results_root: str | Path = "results") -> str:
@@ -293,6 +322,11 @@ class _Sweep:
         self.told_since_baseline = 0
         self.baseline_at = 0.0
         self.best: tuple[float, int] | None = None
+        target = space.target
+        self.racing = target is not None and target.racing and target.repeats > 1
+        # The fastest feasible measurement of this window that requests race against.
+        self.incumbent: EvalResult | None = None
+        self.runs = self.runs_saved = self.raced_out = 0
         self.bar: Any = None
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -335,6 +369,8 @@ class _Sweep:
                     break
                 self._run_batch(asked)
             self.bar = None
+        if self.raced_out:
+            self._echo(racing_line(self.runs, self.runs_saved, self.raced_out))
         n_finished = self.store.count_finished()
         best_s, best_n = self.best if self.best is not None else (None, None)
         return TuneResult(
@@ -346,6 +382,9 @@ class _Sweep:
             best_s,
             reason,
             self.window,
+            self.runs,
+            self.runs_saved,
+            self.raced_out,
         )
 
     def _ask_share(self, batch: int, n_trials: int) -> list[optuna.Trial] | None:
@@ -431,8 +470,11 @@ class _Sweep:
             elif item.phash not in first_in_batch:
                 first_in_batch[item.phash] = item
                 to_measure.append(item)
+        race = self._race()
         requests = [
-            EvalRequest(item.number, item.config) for item in to_measure if item.config is not None
+            EvalRequest(item.number, item.config, **race)
+            for item in to_measure
+            if item.config is not None
         ]
         results = self.evaluator.evaluate(requests) if requests else []
         if len(results) != len(requests):
@@ -440,6 +482,8 @@ class _Sweep:
                 f"evaluator answered {len(results)} results for {len(requests)} requests"
             )
         by_number = {item.number: r for item, r in zip(to_measure, results, strict=True)}
+        for r in results:
+            self._count_runs(r)
         fresh: dict[int, str] = {}
         for item in asked:
             reused: _Measured | None = None
@@ -492,6 +536,8 @@ class _Sweep:
         if result.ok:
             if reused_from is None and item.phash:
                 self.measured.setdefault(item.phash, _Measured(item.number, result, baseline))
+            if reused_from is None and constraint is not None and constraint <= 0:
+                self._consider_incumbent(result)
             if constraint is not None and constraint <= 0 and (
                 self.best is None or result.median_s < self.best[0]
             ):
@@ -579,6 +625,9 @@ class _Sweep:
             )
             self.store.add_baseline(baseline)
             self.baselines.append(baseline)
+            for r in (d, a):
+                if r.ok and r.error(self.space.metric) <= self.space.bound:
+                    self._consider_incumbent(r)
             self._echo(_baseline_line(baseline))
         if interval_due:
             self.told_since_baseline = 0
@@ -596,6 +645,34 @@ class _Sweep:
             self.measured.setdefault(t.program_hash, _Measured(source, t.result, t.baseline))
             if t.feasible and (self.best is None or t.result.median_s < self.best[0]):
                 self.best = (t.result.median_s, t.number)
+
+    # ---- racing -------------------------------------------------------------------------------
+    def _race(self) -> dict[str, Any]:
+        """The racing fields of this batch's requests (none when racing is off)."""
+        if not self.racing:
+            return {}
+        race: dict[str, Any] = {"race_bound": self.space.bound}
+        if self.incumbent is not None:
+            race.update(race_against=self.incumbent.samples_s, race_node=self.incumbent.node)
+        return race
+
+    def _consider_incumbent(self, result: EvalResult) -> None:
+        """Race against ``result`` from now on if it is the fastest feasible one of this window.
+
+        Only this window's measurements (those of an earlier window may have drifted), with two
+        runs or more (the test needs the incumbent's spread), and never a raced-out one (its
+        few runs were slow by selection).
+        """
+        if not self.racing or result.raced_out or len(result.samples_s) < 2:
+            return
+        if self.incumbent is None or result.median_s < self.incumbent.median_s:
+            self.incumbent = result
+
+    def _count_runs(self, result: EvalResult) -> None:
+        self.runs += result.runs
+        if result.raced_out and self.space.target is not None:
+            self.raced_out += 1
+            self.runs_saved += max(0, self.space.target.repeats - result.runs)
 
     # ---- output -------------------------------------------------------------------------------
     def _show_best(self) -> None:

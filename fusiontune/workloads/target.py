@@ -11,6 +11,7 @@ then says how to run it, which of the job's passes to switch, and how to read it
     workdir = "."                  # relative to the space file's folder
     timeout_s = 600
     repeats = 1
+    racing = true                  # with repeats >= 3: stop repeating a clearly slower configuration
     [target.metrics]               # read from the last JSON object printed on stdout
     runtime = "runtime_s"
     error = "error"
@@ -43,7 +44,7 @@ PLACEHOLDERS = {
 }
 """What a ``{name}`` in ``command``, ``env`` and ``workdir`` becomes for each trial."""
 
-TARGET_KEYS = ("kind", "command", "env", "workdir", "timeout_s", "repeats", "shell", "metrics")
+TARGET_KEYS = ("kind", "command", "env", "workdir", "timeout_s", "repeats", "racing", "shell", "metrics")
 METRIC_KEYS = ("runtime", "error", "runtime_regex", "error_regex")
 PASS_KEYS = (*KINDS, "not_switchable", "fixed")
 DEFAULT_TIMEOUT_S = 600.0
@@ -89,6 +90,11 @@ class CommandTarget:
         runtime: where the runtime (seconds, minimized) is read.
         error: where the error (bounded by ``accuracy.bound``) is read.
         passes: the job's passes: what ``fusion_switch.cfg`` and the flags name.
+        racing: stop repeating a configuration once its runs are clearly slower than the
+            incumbent's, or its error breaks the bound (:mod:`fusiontune.measure.racing`); the
+            confirmation stops re-running a candidate clearly slower than the best the same way.
+            Saves runs only with ``repeats >= 3`` (the first look is after run 2), except in the
+            confirmation, which looks after each round.
     """
 
     command: tuple[str, ...] | str
@@ -101,6 +107,7 @@ class CommandTarget:
     runtime: MetricSpec
     error: MetricSpec
     passes: tuple[JobPass, ...]
+    racing: bool = True
 
     def describe(self) -> str:
         """The command line, for messages and the report."""
@@ -118,6 +125,7 @@ class CommandTarget:
             "base_dir": self.base_dir,
             "timeout_s": self.timeout_s,
             "repeats": self.repeats,
+            "racing": self.racing,
             "shell": self.shell,
             "metrics": {
                 m.name + ("_regex" if m.regex is not None else ""): m.regex or m.key
@@ -237,6 +245,9 @@ def load_target(
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         got = repr(repeats) if isinstance(repeats, (int, float, str)) else toml_kind(repeats)
         fail("target.repeats", f"expected an integer from 1 to {MAX_REPEATS}, got {got}")
+    racing = table.get("racing", True)
+    if not isinstance(racing, bool):
+        fail("target.racing", f"expected true or false, got {toml_kind(racing)}")
     runtime, error = _metrics(table.get("metrics", {}), fail)
     base = Path(space_path).resolve().parent
     return CommandTarget(
@@ -250,6 +261,7 @@ def load_target(
         runtime=runtime,
         error=error,
         passes=passes,
+        racing=racing,
     )
 
 

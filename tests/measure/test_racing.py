@@ -144,3 +144,12 @@ def test_a_sweep_of_equal_configurations_races_few_of_them_out() -> None:
             if incumbent is None or np.median(runs) < np.median(incumbent):
                 incumbent = runs
     assert raced / total <= 2 * RACE.alpha  # 3.3%: no longer below alpha by design, but no lost points either
+
+
+def test_a_race_that_looks_less_often_tests_at_a_higher_level() -> None:
+    incumbent = [1.0, 1.02, 0.98, 1.01, 0.99]
+    every_run = clearly_worse([1.1, 1.12, 1.09, 1.11, 1.1], incumbent, 15)
+    once_per_round = clearly_worse([1.1, 1.12, 1.09, 1.11, 1.1], incumbent, 15, looks=2)
+    assert every_run.level == pytest.approx(RACE.alpha / 13)
+    assert once_per_round.level == pytest.approx(RACE.alpha / 2)
+    assert "than trial 3" in once_per_round.describe("trial 3")
