@@ -150,6 +150,10 @@ def run_task(task: Task, tmp: str) -> Trace:
             else:
                 true_s = r.median_s
             trace.append((r.feasible, r.median_s, true_s))
+        if len(trace) != task.trials:  # a SIGTERM stops run_tune early: not a finished run
+            raise RuntimeError(
+                f"{task.key}: the study holds {len(trace)} trials, not {task.trials}"
+            )
         return trace
     finally:
         for suffix in ("", "-wal", "-shm"):
@@ -170,10 +174,13 @@ def run_tasks(tasks: Sequence[Task], parallel: int, cache: Path | None) -> dict[
         for line in cache.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                traces[row["key"]] = [(bool(f), float(m), float(t)) for f, m, t in row["trace"]]
+                if len(row["trace"]) == int(row["key"].rsplit("|", 1)[1]):  # a finished run
+                    traces[row["key"]] = [
+                        (bool(f), _float(m), _float(t)) for f, m, t in row["trace"]
+                    ]
     todo = [t for t in tasks if t.key not in traces]
-    # Longest first: TPE over the largest spaces.
-    todo.sort(key=lambda t: (-len(t.job.switches), t.sampler != "tpe"))
+    # Seed by seed (a cache cut short holds whole seeds of every job), the largest spaces first.
+    todo.sort(key=lambda t: (t.seed, -len(t.job.switches), t.sampler))
     if todo:
         print(f"running {len(todo)} of {len(tasks)} runs on {parallel} processes", file=sys.stderr)
     out = cache.open("a") if cache is not None else None
@@ -211,6 +218,10 @@ def run_tasks(tasks: Sequence[Task], parallel: int, cache: Path | None) -> dict[
 
 def _num(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def _float(x: float | None) -> float:
+    return math.nan if x is None else float(x)
 
 
 # ---- scoring --------------------------------------------------------------------------------
