@@ -31,6 +31,7 @@ from fusiontune.passes.base import GRAPH_FUSION, FusionReport
 from fusiontune.passes.registry import BY_NAME
 from fusiontune.report import plots
 from fusiontune.report._apply import how_to_apply, how_to_apply_lines
+from fusiontune.report._effects import EffectsReport, effect_blocks, switch_effects
 from fusiontune.report._render import Block, to_html, to_markdown
 from fusiontune.report.tables import (
     DEFAULTS,
@@ -46,6 +47,7 @@ from fusiontune.report.tables import (
     fmt_speedup,
     format_top,
     importance_evaluator,
+    matched_passes,
     open_study,
     param_importance,
     pass_effect,
@@ -318,6 +320,7 @@ def _document(
     effective: list[str],
     never: list[str],
     out: Path,
+    effects: EffectsReport,
 ) -> list[Block]:
     doc: list[Block] = [("h1", f"fusiontune report: {study.study_name}"), *_summary(study, frame)]
     doc += [("h2", "Recommendation"), ("p", rec.reason)]
@@ -355,35 +358,11 @@ def _document(
         "param_importance": "Parameter importance",
     }
     doc += [("img", titles[k], p) for k, p in images.items() if p is not None]
+    # The surrogate's effects supersede the old on/off median table (same passes, same
+    # never-matched line, counts kept; effects adjusted for the other switches, with intervals).
+    # The median on/off ratio still feeds the accuracy attribution below.
     effect = pass_effect(frame, effective)
-    doc.append(("h2", "Per-pass effect (median speedup vs defaults)"))
-    if never:
-        doc.append(
-            (
-                "p",
-                "Never matched in this workload (switching them changes nothing, so they are not"
-                f" ranked here or in the importance): {', '.join(never)}.",
-            )
-        )
-    if effect.empty:
-        doc.append(("p", "No pass that matched was switched both ways in measured trials."))
-    else:
-        doc.append(
-            (
-                "table",
-                ["pass", "on", "off", "trials on / off", "on / off"],
-                [
-                    [
-                        r.pass_,
-                        fmt_speedup(r.on),
-                        fmt_speedup(r.off),
-                        f"{r.n_on} / {r.n_off}",
-                        f"{r.ratio:.2f}",
-                    ]
-                    for r in effect.rename(columns={"pass": "pass_"}).itertuples(index=False)
-                ],
-            )
-        )
+    doc += effect_blocks(effects)
     if command_target(study) is None:  # a job's passes are the job's: fusiontune knows none inexact
         doc += _attribution(frame, effect, searched, StudyStore(study).info().metric)
     doc.append(("h2", "Parameter importance (median runtime)"))
@@ -489,6 +468,7 @@ def write_report(
     searched = searched_params(study)
     effective, never = effective_params(study, searched)
     importance, method, target = param_importance(study, effective)
+    effects = switch_effects(frame, effective, never, matched_passes(study))
     missing = plots.matplotlib_missing()
     images: dict[str, Path | None] = {}
     if missing is None:
@@ -498,7 +478,7 @@ def write_report(
         images["runtime_vs_error"] = plots.plot_runtime_vs_error(
             frame, metric, bound, out / "runtime_vs_error.png"
         )
-        images["pass_effect"] = plots.plot_pass_effect(frame, effective, out / "pass_effect.png")
+        images["pass_effect"] = plots.plot_effects(effects, out / "pass_effect.png")
         if importance is not None:
             images["param_importance"] = plots.plot_importance(
                 study, target, importance_evaluator(study)[0], out / "param_importance.png", effective
@@ -507,7 +487,8 @@ def write_report(
     rec = choose_recommendation(study, frame)
     record_recommendation(study, rec)
     doc = _document(
-        study, frame, rec, images, missing, importance, method, searched, effective, never, out
+        study, frame, rec, images, missing, importance, method, searched, effective, never, out,
+        effects,
     )
     (out / "report.md").write_text(to_markdown(doc), encoding="utf-8")
     (out / "report.html").write_text(

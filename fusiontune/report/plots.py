@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from fusiontune.report._effects import EffectsReport, term_label
 from fusiontune.report.tables import baseline_median, best_so_far, pareto_front, pass_effect
 
 MISSING_SENTENCE = (
@@ -183,6 +184,49 @@ def plot_pass_effect(
     ax.set_xlabel("median speedup vs defaults")
     ax.set_title("Per-pass effect")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_effects(report: EffectsReport, path: Path) -> Path | None:
+    """A forest plot of the surrogate's effects: each switch's share with its 95% interval.
+
+    Main effects first, then the strongest pairwise interactions, each largest first; a bar
+    crossing the 0 line is an effect not distinguishable from 0.
+
+    Args:
+        report: what :func:`fusiontune.report._effects.switch_effects` found.
+        path: the PNG to write.
+
+    Returns:
+        ``path``, or None when no effect was estimated.
+    """
+    rows = [*report.main, *report.interactions]
+    if report.skipped is not None or not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 1.0 + 0.4 * len(rows)))
+    y = list(range(len(rows)))
+    share = [100 * e.share for e in rows]
+    low = [100 * (e.share - e.share_low) for e in rows]
+    high = [100 * (e.share_high - e.share) for e in rows]
+    colors = ["tab:blue" if len(e.terms) == 1 else "tab:purple" for e in rows]
+    for i, e in enumerate(rows):
+        ax.errorbar(
+            share[i],
+            i,
+            xerr=[[low[i]], [high[i]]],
+            fmt="o",
+            color=colors[i],
+            capsize=3,
+            markerfacecolor=colors[i] if e.distinguishable else "white",
+        )
+    ax.set_yticks(y, [" x ".join(term_label(t) for t in e.terms) for e in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    if report.interactions and report.main:
+        ax.axhline(len(report.main) - 0.5, color="gray", linewidth=0.5, linestyle="--")
+    ax.set_xlabel("change of runtime when switched on, % (95% interval; hollow: spans 0)")
+    ax.set_title("Per-pass effect (surrogate model): main effects, then interactions")
     return _save(fig, path)
 
 
