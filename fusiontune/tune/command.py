@@ -242,7 +242,10 @@ def _race_stop(
     if error > request.race_bound:  # the maximum over the runs can only grow
         return f"error {error:.3g} above the bound {request.race_bound:g} after {done} of {runs} runs"
     if request.race_against and (not request.race_node or request.race_node == node):
-        decision = clearly_worse(runtimes, request.race_against, runs)
+        try:
+            decision = clearly_worse(runtimes, request.race_against, runs)
+        except ValueError:  # an incumbent with a runtime that is not > 0: no race
+            return ""
         if decision.stop:
             return decision.describe()
     return ""

@@ -242,3 +242,9 @@ def test_the_confirmation_stops_rerunning_a_clearly_slower_candidate(
     for row in raced:
         assert f"trial {row.trial} (clearly slower than trial {best.trial}" in record.note
         assert not (tmp_path / "results" / "job" / "confirm" / "round1" / str(row.trial)).exists()
+
+
+def test_an_incumbent_with_impossible_runtimes_is_no_race(space: SearchSpace, tmp_path: Path) -> None:
+    slow = config(space, "SlowPass")
+    (result,) = run_trials(tmp_path, EvalRequest(1, slow, race_against=(0.0, -1.0)))
+    assert result.ok and result.runs == 5 and not result.raced_out
