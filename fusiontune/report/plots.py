@@ -204,7 +204,7 @@ def plot_effects(report: EffectsReport, path: Path) -> Path | None:
     if report.skipped is not None or not rows:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 1.0 + 0.4 * len(rows)))
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.4 * len(rows)))
     y = list(range(len(rows)))
     share = [100 * e.share for e in rows]
     low = [100 * (e.share - e.share_low) for e in rows]
@@ -225,8 +225,8 @@ def plot_effects(report: EffectsReport, path: Path) -> Path | None:
     ax.axvline(0.0, color="black", linewidth=0.8)
     if report.interactions and report.main:
         ax.axhline(len(report.main) - 0.5, color="gray", linewidth=0.5, linestyle="--")
-    ax.set_xlabel("change of runtime when switched on, % (95% interval; hollow: spans 0)")
-    ax.set_title("Per-pass effect (surrogate model): main effects, then interactions")
+    ax.set_xlabel("runtime change when switched on, % (95% interval; hollow: spans 0)", fontsize=8)
+    ax.set_title("Per-pass effect (surrogate model)", fontsize=10)
     return _save(fig, path)
 
 
