@@ -211,7 +211,7 @@ def switch_effects(
     constant = [c for c in candidates if rows[c].astype(str).nunique() < 2]
     names = [c for c in candidates if c not in constant]
     # One observation per (fitted configuration, program): a reused measurement is not a new one.
-    rows = rows.drop_duplicates(subset=[*names, "program_hash"], keep="first")
+    rows = rows.dropna(subset=names).drop_duplicates(subset=[*names, "program_hash"], keep="first")
     report = replace(
         report,
         trials=len(measured) - int(fixed.sum()),
