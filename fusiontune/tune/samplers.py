@@ -1,4 +1,4 @@
-"""The sampler name table: ``--sampler tpe | random | grid | nsga2``.
+"""The sampler name table: ``--sampler tpe | random | grid | nsga2 | fusion``.
 
 Adding a sampler is one factory and one row in :data:`SAMPLERS`. Every factory gets the search
 space, the seed, the trial budget and the constraint function (the accuracy bound), and says
@@ -125,11 +125,22 @@ def _nsga2(
     return SamplerChoice(sampler, True, objectives=2)
 
 
+def _fusion(
+    space: SearchSpace, seed: int, n_trials: int, constraints: ConstraintsFunc
+) -> SamplerChoice:
+    from fusiontune.tune.fusion_sampler import FusionSampler, space_culprits
+
+    # The culprits of an earlier `fusiontune bisect` of this space are prior knowledge.
+    sampler = FusionSampler.for_space(space, seed=seed, culprits=space_culprits(space))
+    return SamplerChoice(sampler, False)
+
+
 SAMPLERS: dict[str, Callable[[SearchSpace, int, int, ConstraintsFunc], SamplerChoice]] = {
     "tpe": _tpe,
     "random": _random,
     "grid": _grid,
     "nsga2": _nsga2,
+    "fusion": _fusion,
 }
 # The space loader validates `search.sampler` against its own list (it must not import optuna);
 # the two lists are one.

@@ -227,6 +227,9 @@ class BayesianLinearModel:
         min_noise_sd: float = 0.02,
         prior_mean: Sequence[float] | np.ndarray | None = None,
         iterations: int = 60,
+        sparse_mains: bool = False,
+        pair_prior: str = "ard",
+        pair_cap: float = 0.5,
     ) -> None:
         self.interactions = interactions
         self.block = None if block is None else np.asarray(block, dtype=np.int64)
@@ -237,6 +240,9 @@ class BayesianLinearModel:
         self.min_noise_sd = min_noise_sd
         self.prior_mean_main = None if prior_mean is None else np.asarray(prior_mean, float)
         self.iterations = iterations
+        self.sparse_mains = sparse_mains
+        self.pair_prior = pair_prior
+        self.pair_cap = pair_cap
         self.d = 0
         self._fitted = False
 
@@ -328,6 +334,24 @@ class BayesianLinearModel:
             if self.sparse:
                 # MacKay's update, with b = floor^2 / 2: alpha <= 1 / floor^2.
                 new = gamma / (m * m + floor**2)
+                if not self.sparse_mains:
+                    # Main effects share one prior scale (most switches matter; a per-switch
+                    # scale from a handful of runs would let pairs explain what mains do).
+                    dev = m[1 : 1 + d] - mu0[1 : 1 + d]
+                    new[1 : 1 + d] = np.sum(gamma[1 : 1 + d]) / (
+                        np.sum(dev * dev) + d * floor[1] ** 2
+                    )
+                if self.pair_prior == "group" and n_pairs:
+                    dev = m[1 + d :] - mu0[1 + d :]
+                    new[1 + d :] = np.sum(gamma[1 + d :]) / (
+                        np.sum(dev * dev) + n_pairs * floor[-1] ** 2
+                    )
+                if self.pair_cap and n_pairs and d:
+                    # effect hierarchy: a pair's prior variance at most pair_cap**2 x the mains'
+                    # mean prior variance (else, with fewer runs than pairs, a few pairs picked
+                    # from hundreds explain by chance what the main effects do)
+                    main_alpha = 1.0 / float(np.mean(1.0 / new[1 : 1 + d]))
+                    new[1 + d :] = np.maximum(new[1 + d :], main_alpha / self.pair_cap**2)
                 new[0] = 1e-6
                 new = np.clip(new, 1e-6, alpha_max)
             resid = r0 - phi @ m

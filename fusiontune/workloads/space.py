@@ -41,7 +41,7 @@ from fusiontune.workloads.target import toml_kind as _kind
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
-SAMPLERS = ("tpe", "random", "grid", "nsga2")
+SAMPLERS = ("tpe", "random", "grid", "nsga2", "fusion")
 """Sampler names a space (or ``--sampler``) may choose; the tune loop maps them to optuna samplers."""
 
 PASS_PARAM = "pass."
@@ -101,7 +101,8 @@ class SearchSpace:
         metric: the error metric bounded (max_abs, max_rel, rel_l2, cosine).
         bound: the accuracy bound: a configuration is feasible when ``error <= bound``.
         measure: the measurement protocol.
-        sampler: tpe | random | grid | nsga2.
+        sampler: tpe | random | grid | nsga2 | fusion (a model of main effects and pairwise
+            interactions with a feasibility model: :mod:`fusiontune.tune.fusion_sampler`).
         trials: the default trial budget.
         timeout_s: the default wall-time budget, seconds (None: no limit).
         seed: the sampler seed.

@@ -1,0 +1,603 @@
+"""``--sampler fusion``: a model-based sampler made for fusion-switch spaces.
+
+A trial on the real target (an ATC conversion and an inference run) takes minutes, so every trial
+must teach something. TPE models the switches nearly independently and spends trials on repeats;
+this sampler models what fusion spaces are made of:
+
+1. **Initial design**, after the enqueued baselines (defaults, all-off, each inexact pass alone):
+   one-at-a-time flips from the defaults, each searched switch toggled once and each split point
+   cut once at its middle value (with its pass on), so every main effect is estimated from about
+   ``n_switches + 1`` runs. Flips that would only switch on a known culprit are skipped.
+2. **Thompson sampling** from :class:`~fusiontune.tune.surrogate.BayesianLinearModel` of
+   ``log(runtime)`` with main effects and pairwise interactions (BOCS's model with a cheaper
+   sparsity prior): one posterior draw per ask, minimised over the space by enumeration when it
+   has at most ``max_enumerate`` points, by local search with restarts otherwise.
+3. **Feasibility**: a second Bayesian linear model (main effects) of the accuracy margin
+   ``clip(log(error / bound), -3, 3)``; failed trials (build failed, timeout) count as
+   ``+3``. Prior knowledge enters as prior means: an inexact pass (the registry's
+   ``exact = False``) is expected to raise the margin, a culprit a bisection named (``culprits``)
+   to break the bound. A point is proposed only when its predicted P(feasible) is at least
+   ``min_feasible``.
+4. **No repeats**: a point any trial holds (measured, failed, or asked and not yet told: the
+   pending points of a batch) is never proposed again, nor one that generates the same program:
+   a pass that ran and matched nothing in every measured trial where it was on (the trials'
+   fusion reports) is inert, and a split point of a pass that is off is irrelevant, so points
+   are compared in that canonical form.
+
+Noise: each runtime observation is weighted by its own spread (the 95% interval of its median,
+or its IQR). Everything is rebuilt from ``study.trials`` on every ask: no hidden state, so
+storage, resume, several drivers and Ray work as with any optuna sampler; a draw is seeded by
+``(seed, trial.number)``, so a seed gives the same sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+from scipy.special import ndtr
+
+from fusiontune.tune.store import TrialRecord
+from fusiontune.tune.surrogate import BayesianLinearModel, Coding
+
+if TYPE_CHECKING:
+    from fusiontune.workloads.space import SearchSpace
+
+MARGIN_CLIP = 3.0  # |log(error / bound)| beyond this says nothing more about feasibility
+CULPRIT_PRIOR = MARGIN_CLIP  # a culprit switched on moves the margin by 2x this: from -3 to +3
+INEXACT_PRIOR = 1.0  # an inexact pass switched on: expected to raise the margin by 2
+
+
+def bisect_culprits(path: str | Path) -> tuple[str, ...]:
+    """The culprit passes a ``fusiontune bisect`` wrote to ``bisect.json``; () when there is none.
+
+    Args:
+        path: the ``bisect.json`` (``results/<name>/bisect.json``).
+
+    Returns:
+        The ``pass`` of every entry of its ``culprits`` list; () for a missing or unreadable file.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return tuple(str(c["pass"]) for c in data.get("culprits") or () if c.get("pass"))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        return ()
+
+
+class FusionSampler(BaseSampler):
+    """Thompson sampling over a BLR surrogate with a feasibility model (module docstring).
+
+    Args:
+        search_space: the dimensions, ``distributions(space)``: categoricals (``pass.<Name>``
+            "off"/"on", ``split.<Pass>.<point>`` ints).
+        defaults: the defaults' parameters, the centre of the initial design; without them the
+            design starts from the study's first complete trial.
+        bound: the accuracy bound (the margin is ``log(error / bound)``); None: the constraint
+            value itself is the margin.
+        inexact: passes whose rewrite changes numerics (prior: likely to break the bound).
+        culprits: passes a bisection found to break the bound (prior: they do).
+        seed: the seed; each ask draws from ``(seed, trial.number)``.
+        design: the initial design: ``screening`` (a two-level orthogonal array), ``oat`` (one
+            switch at a time from the defaults) or ``none``.
+        min_feasible: the least predicted P(feasible) of a proposed point.
+        max_enumerate: minimise by enumeration up to this many points, by local search above.
+    """
+
+    def __init__(
+        self,
+        search_space: Mapping[str, BaseDistribution],
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        bound: float | None = None,
+        inexact: Sequence[str] = (),
+        culprits: Sequence[str] = (),
+        seed: int | None = None,
+        design: str = "screening",
+        min_feasible: float = 0.5,
+        max_enumerate: int = 2**16,
+        greedy_every: int = 0,
+        model_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        for name, d in search_space.items():
+            if not isinstance(d, CategoricalDistribution):
+                raise ValueError(f"{name}: FusionSampler searches categorical dimensions only")
+        self.dists = dict(search_space)
+        self.coding = Coding(list(self.dists), self.dists)
+        self.defaults = dict(defaults) if defaults is not None else None
+        self.bound = bound
+        self.inexact = tuple(inexact)
+        self.culprits = tuple(culprits)
+        self.seed = _fresh_seed() if seed is None else seed
+        self.design = design
+        self.min_feasible = min_feasible
+        self.max_enumerate = max_enumerate
+        self.greedy_every = greedy_every
+        self.model_options = dict(model_options or {})
+        names = self.coding.names
+        self._off = np.array([_index(c, "off") for c in self.coding.choices])
+        # split.<Pass>.<point> -> the dimension of pass.<Pass>, when the pass is searched
+        self._owner = np.array(
+            [
+                names.index(f"pass.{n.split('.')[1]}")
+                if n.startswith("split.") and f"pass.{n.split('.')[1]}" in names
+                else -1
+                for n in names
+            ]
+        )
+        self._sizes = np.array([len(c) for c in self.coding.choices])
+        self._grid: np.ndarray | None = None
+
+    @classmethod
+    def for_space(
+        cls, space: SearchSpace, seed: int | None = None, culprits: Sequence[str] = (), **kw: Any
+    ) -> FusionSampler:
+        """The sampler of a search space: its dimensions, defaults, bound and inexact passes."""
+        from fusiontune.workloads.space import baseline_params, distributions, inexact_searched
+
+        return cls(
+            distributions(space),
+            defaults=baseline_params(space)["defaults"],
+            bound=space.bound,
+            inexact=inexact_searched(space),
+            culprits=culprits,
+            seed=seed,
+            **kw,
+        )
+
+    # ---- optuna's sampler interface --------------------------------------------------------
+    def reseed_rng(self) -> None:
+        self.seed = _fresh_seed()
+
+    def infer_relative_search_space(
+        self, study: Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return dict(self.dists)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if not search_space or trial.system_attrs.get("fixed_params"):
+            return {}  # an enqueued trial: its parameters are fixed
+        levels = self.propose(study.get_trials(deepcopy=False), trial.number)
+        params = self._params(levels)
+        return {k: v for k, v in params.items() if k in search_space}
+
+    def sample_independent(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        rng = np.random.default_rng([self.seed, trial.number, len(trial.params)])
+        return optuna.samplers.RandomSampler(seed=int(rng.integers(2**31))).sample_independent(
+            study, trial, param_name, param_distribution
+        )
+
+    # ---- proposing -------------------------------------------------------------------------
+    def propose(self, trials: Sequence[FrozenTrial], number: int) -> np.ndarray:
+        """The level vector (an index into each dimension's choices) for trial ``number``."""
+        rng = np.random.default_rng([self.seed, number])
+        hist = _History(self, [t for t in trials if t.number != number])
+        design = self._design(hist)
+        if design:
+            return design[0]
+        if len(hist.y) >= 2:
+            greedy = self.greedy_every > 0 and number % self.greedy_every == 0
+            choice = self._thompson(hist, rng, greedy)
+            if choice is not None:
+                return choice
+        return self._random_fresh(hist, rng)
+
+    def _design(self, hist: _History) -> list[np.ndarray]:
+        """The initial design's points that no trial holds yet (the first is proposed)."""
+        active = [k for k in range(len(self._sizes)) if k not in hist.inert]
+        culprit_dims = {self.coding.names.index(f"pass.{c}") for c in self._known_culprits()}
+        if self.design == "screening":
+            rows = self._screening(hist, active, culprit_dims)
+        elif self.design == "oat":
+            rows = self._one_at_a_time(hist, active, culprit_dims)
+        else:
+            return []
+        if not rows or hist.sampled >= len(rows):
+            return []
+        return [p for p, fresh in zip(rows, hist.fresh(np.array(rows)), strict=True) if fresh]
+
+    def _screening(
+        self, hist: _History, active: list[int], culprit_dims: set[int]
+    ) -> list[np.ndarray]:
+        """A two-level orthogonal array (Plackett-Burman: Sylvester or Paley), one column per
+        active dimension: every main effect is estimated from all N runs, not from two."""
+        dims = [k for k in active if k not in culprit_dims]
+        if not dims:
+            return []
+        design = two_level_design(len(dims))
+        rows = []
+        for signs in design:
+            point = self._off.copy()
+            for k, sign in zip(dims, signs, strict=True):
+                high = (len(self.coding.choices[k]) // 2) if len(self.coding.choices[k]) > 2 else 1
+                low = self._off[k] if self.coding.switches[k] else 0
+                point[k] = (1 - low if self.coding.switches[k] else high) if sign > 0 else low
+            rows.append(point)
+        return rows
+
+    def _one_at_a_time(
+        self, hist: _History, active: list[int], culprit_dims: set[int]
+    ) -> list[np.ndarray]:
+        """Each active dimension flipped once from the defaults (from all-off when the defaults
+        break the bound and all-off holds it)."""
+        centre = self._levels(self.defaults) if self.defaults is not None else hist.first
+        if centre is None:
+            return []
+        if hist.infeasible(centre) and not hist.infeasible(self._off) and hist.knows(self._off):
+            centre = self._off.copy()
+        out = []
+        for k in active:
+            choices = self.coding.choices[k]
+            point = centre.copy()
+            if self._owner[k] >= 0 or not self.coding.switches[k]:  # a split point: cut once
+                point[k] = len(choices) // 2 if len(choices) > 2 else 1
+                if self._owner[k] >= 0:
+                    point[self._owner[k]] = 1 - self._off[self._owner[k]]
+            else:
+                point[k] = 1 - centre[k]
+                if k in culprit_dims and point[k] != self._off[k]:
+                    continue  # it would only switch a known culprit on
+            out.append(point)
+        return out
+
+    def _thompson(
+        self, hist: _History, rng: np.random.Generator, greedy: bool = False
+    ) -> np.ndarray | None:
+        """Minimise a posterior draw of log runtime over the fresh points predicted feasible."""
+        runtime = BayesianLinearModel(block=self.coding.block, **self.model_options)
+        runtime.fit(hist.X, hist.y, hist.noise)
+        feas = self._feasibility(hist)
+
+        def value(beta: np.ndarray, levels: np.ndarray) -> np.ndarray:
+            c, b, q = runtime.quadratic(beta)
+            x = self._features(levels)
+            return c + x @ b + np.einsum("ij,jk,ik->i", x, q, x)
+
+        def p_feasible(levels: np.ndarray) -> np.ndarray:
+            if feas is None:
+                return np.ones(len(levels))
+            mean, sd = feas.predict(self._features(levels))
+            spread = np.sqrt(sd**2 + feas.noise_sd**2)
+            return ndtr(-mean / np.maximum(spread, 1e-12))
+
+        beta = runtime.posterior_mean if greedy else runtime.sample_coefficients(rng)
+
+        def score(levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return value(beta, levels), p_feasible(levels)
+
+        pool = self._enumerate(hist) if self._n_points() <= self.max_enumerate else None
+        if pool is None:
+            pool = self._local_search(hist, score, rng)
+        pool = pool[hist.fresh(pool)]
+        if not len(pool):
+            return None
+        p = p_feasible(pool)
+        if not (p >= self.min_feasible).any():
+            return pool[int(np.argmax(p))]  # nothing predicted feasible: the most likely one
+        pool = pool[p >= self.min_feasible]
+        return pool[int(np.argmin(value(beta, pool)))]
+
+    def _feasibility(self, hist: _History) -> BayesianLinearModel | None:
+        if not len(hist.z):
+            return None
+        prior = np.zeros(self.coding.n_features)
+        for names, value in (
+            (self.inexact, INEXACT_PRIOR),
+            (self._known_culprits(), CULPRIT_PRIOR),
+        ):
+            for name in names:
+                k = self.coding.names.index(f"pass.{name}")
+                prior[self.coding.slices[k]] = value
+        model = BayesianLinearModel(interactions=False, sparse=False, prior_mean=prior)
+        return model.fit(hist.Xz, hist.z)
+
+    def _known_culprits(self) -> list[str]:
+        return [c for c in self.culprits if f"pass.{c}" in self.dists]
+
+    # ---- the space -------------------------------------------------------------------------
+    def _n_points(self) -> int:
+        return math.prod(int(s) for s in self._sizes)
+
+    def _enumerate(self, hist: _History) -> np.ndarray:
+        if self._grid is None:
+            self._grid = np.indices(tuple(self._sizes)).reshape(len(self._sizes), -1).T
+        grid = hist.canonical(self._grid)
+        _, first = np.unique(self.codes(grid), return_index=True)
+        return grid[np.sort(first)]
+
+    def _local_search(self, hist: _History, score: Any, rng: np.random.Generator) -> np.ndarray:
+        """Steepest descent over one-dimension moves from the best points held and random
+        starts; returns every point visited and the neighbours of where each descent ended."""
+        starts = [hist.levels[i] for i in np.argsort(hist.y)[:5]] if len(hist.y) else []
+        starts += [self._random(rng) for _ in range(10)]
+        visited: list[np.ndarray] = []
+        for start in starts:
+            point = hist.canonical(start[None, :])[0]
+            value, p = score(point[None, :])
+            best = value[0] + (0.0 if p[0] >= self.min_feasible else 1e6)
+            while True:
+                near = self._neighbours(point, hist)
+                visited.append(near)
+                value, p = score(near)
+                value = value + np.where(p >= self.min_feasible, 0.0, 1e6)
+                i = int(np.argmin(value))
+                if value[i] >= best:
+                    break
+                point, best = near[i], value[i]
+        pool = np.vstack(visited)
+        _, first = np.unique(self.codes(pool), return_index=True)
+        return pool[np.sort(first)]
+
+    def _neighbours(self, point: np.ndarray, hist: _History) -> np.ndarray:
+        rows = [point]
+        for k, size in enumerate(self._sizes):
+            for level in range(size):
+                if level != point[k]:
+                    row = point.copy()
+                    row[k] = level
+                    rows.append(row)
+        return hist.canonical(np.array(rows))
+
+    def _random(self, rng: np.random.Generator) -> np.ndarray:
+        return np.array([rng.integers(s) for s in self._sizes])
+
+    def _random_fresh(self, hist: _History, rng: np.random.Generator) -> np.ndarray:
+        points = hist.canonical(np.array([self._random(rng) for _ in range(256)]))
+        fresh = np.flatnonzero(hist.fresh(points))
+        return points[fresh[0]] if len(fresh) else points[0]
+
+    def codes(self, levels: np.ndarray) -> np.ndarray:
+        """One integer per level vector (mixed radix), or its bytes when the space is too large."""
+        levels = np.asarray(levels, dtype=np.int64).reshape(-1, len(self._sizes))
+        if self._n_points() < 2**62:
+            radix = np.cumprod(np.concatenate([[1], self._sizes[:-1]])).astype(np.int64)
+            return levels @ radix
+        return np.array([row.tobytes() for row in levels], dtype=object)
+
+    def _features(self, levels: np.ndarray) -> np.ndarray:
+        x = -np.ones((len(levels), self.coding.n_features))
+        for k, (sl, is_switch) in enumerate(
+            zip(self.coding.slices, self.coding.switches, strict=True)
+        ):
+            if is_switch:
+                on = 1 - self._off[k]
+                x[:, sl.start] = np.where(levels[:, k] == on, 1.0, -1.0)
+            else:
+                for j in range(1, self._sizes[k]):
+                    x[:, sl.start + j - 1] = np.where(levels[:, k] == j, 1.0, -1.0)
+        return x
+
+    def _levels(self, params: Mapping[str, Any]) -> np.ndarray | None:
+        try:
+            return np.array(
+                [
+                    c.index(params[n])
+                    for n, c in zip(self.coding.names, self.coding.choices, strict=True)
+                ]
+            )
+        except (KeyError, ValueError):
+            return None
+
+    def _params(self, levels: np.ndarray) -> dict[str, Any]:
+        return {
+            n: c[int(i)]
+            for n, c, i in zip(self.coding.names, self.coding.choices, levels, strict=True)
+        }
+
+
+def _fresh_seed() -> int:
+    return int(np.random.default_rng().integers(2**32))
+
+
+def _index(choices: Sequence[Any], value: Any) -> int:
+    """The level of ``value``; 0 when absent (a split point's first value, no cut, is its 'off')."""
+    return choices.index(value) if value in choices else 0
+
+
+class _History:
+    """What the study's trials say, in the sampler's terms, rebuilt on every ask."""
+
+    def __init__(self, sampler: FusionSampler, trials: Sequence[FrozenTrial]) -> None:
+        self.s = sampler
+        rows: list[tuple[np.ndarray, FrozenTrial, TrialRecord]] = []
+        for t in trials:
+            levels = sampler._levels(t.params)
+            if levels is None:  # another space's trial, or not yet given its parameters
+                continue
+            rows.append((levels, t, TrialRecord.from_trial(t)))
+        self.first = next((lv for lv, t, _ in rows if t.state == TrialState.COMPLETE), None)
+        self.inert = self._inert(rows)
+        held = [
+            lv
+            for lv, t, r in rows
+            if not (t.state == TrialState.FAIL and (r.interrupted or r.result is None))
+        ]
+        self.held = self.codes(np.array(held)) if held else np.zeros(0, dtype=np.int64)
+        # trials the sampler proposed (not enqueued), measured or pending: the design's progress
+        self.sampled = sum(
+            1
+            for _, t, r in rows
+            if not r.role
+            and not t.system_attrs.get("fixed_params")
+            and not (t.state == TrialState.FAIL and (r.interrupted or r.result is None))
+        )
+        y, noise, levels_y, z, levels_z = [], [], [], [], []
+        for lv, t, r in rows:
+            margin = self._margin(t, r)
+            if t.state == TrialState.COMPLETE and t.values:
+                y.append(float(t.values[0]))
+                noise.append(_spread(r))
+                levels_y.append(lv)
+            if margin is not None:
+                z.append(margin)
+                levels_z.append(lv)
+        self.levels = np.array(levels_y).reshape(len(levels_y), len(sampler._sizes))
+        y_arr = np.array(y, dtype=float)
+        self.log = bool(len(y_arr)) and bool(np.all(y_arr > 0))
+        self.y = np.log(y_arr) if self.log else y_arr
+        self.noise = np.array(noise) if self.log else None
+        self.X = sampler._features(self.levels)
+        self.z = np.array(z, dtype=float)
+        self.levels_z = np.array(levels_z).reshape(len(levels_z), len(sampler._sizes))
+        self.Xz = sampler._features(self.levels_z)
+
+    def _inert(self, rows: Sequence[tuple[np.ndarray, FrozenTrial, TrialRecord]]) -> set[int]:
+        """Switches that ran and matched nothing in every measured trial where they were on (a
+        pass with a searched split point may match only once cut: never inert)."""
+        s = self.s
+        with_split = {int(o) for o in s._owner if o >= 0}
+        out = set()
+        for k, name in enumerate(s.coding.names):
+            if not s.coding.switches[k] or k in with_split:
+                continue
+            pass_name = name[len("pass.") :]
+            seen = False
+            inert = True
+            for lv, _, r in rows:
+                if lv[k] == s._off[k] or not r.measured or r.result is None:
+                    continue
+                fusion = r.result.fusion
+                if pass_name not in fusion.passes_run:
+                    continue
+                seen = True
+                if fusion.matched(pass_name) > 0:
+                    inert = False
+                    break
+            if seen and inert:
+                out.add(k)
+        return out
+
+    def _margin(self, t: FrozenTrial, r: TrialRecord) -> float | None:
+        """``clip(log(error / bound))``; +clip for a failed evaluation; None when unknown."""
+        if t.state == TrialState.FAIL:
+            return None if (r.interrupted or r.result is None) else MARGIN_CLIP
+        if t.state != TrialState.COMPLETE or r.constraint is None:
+            return None
+        bound = self.s.bound
+        if bound is not None and bound > 0:
+            error = max(r.constraint + bound, bound * math.exp(-MARGIN_CLIP))
+            margin = math.log(error / bound)
+        else:
+            margin = r.constraint
+        return float(np.clip(margin, -MARGIN_CLIP, MARGIN_CLIP))
+
+    def _rows_of(self, levels: np.ndarray) -> np.ndarray:
+        if not len(self.z):
+            return np.zeros(0, dtype=bool)
+        return np.all(self.levels_z == self.canonical(levels[None, :])[0], axis=1) | np.all(
+            self.levels_z == levels, axis=1
+        )
+
+    def knows(self, levels: np.ndarray) -> bool:
+        """Whether the feasibility of ``levels`` was observed."""
+        return bool(self._rows_of(levels).any())
+
+    def infeasible(self, levels: np.ndarray) -> bool:
+        """Observed to break the bound (or fail)."""
+        rows = self._rows_of(levels)
+        return bool(rows.any()) and bool(np.all(self.z[rows] > 0))
+
+    def canonical(self, levels: np.ndarray) -> np.ndarray:
+        """The same programs' representative: inert passes off, splits of off passes uncut."""
+        out = np.array(levels, copy=True)
+        s = self.s
+        for k in self.inert:
+            out[:, k] = s._off[k]
+        for k, owner in enumerate(s._owner):
+            if owner >= 0:
+                out[:, k] = np.where(out[:, owner] == s._off[owner], 0, out[:, k])
+        return out
+
+    def codes(self, levels: np.ndarray) -> np.ndarray:
+        """The codes of the canonical forms of ``levels`` (rows)."""
+        return self.s.codes(self.canonical(np.asarray(levels).reshape(-1, len(self.s._sizes))))
+
+    def fresh(self, levels: np.ndarray) -> np.ndarray:
+        """Which rows no trial holds (as the same program)."""
+        codes = self.codes(levels)
+        if codes.dtype == object:
+            held = set(self.held.tolist())
+            return np.array([c not in held for c in codes], dtype=bool)
+        return ~np.isin(codes, self.held)
+
+
+def _spread(r: TrialRecord) -> float:
+    """The sd of a measured log runtime: from the 95% interval of its median, else its IQR or CV."""
+    res = r.result
+    if res is None or not res.ok or not res.median_s > 0:
+        return math.nan
+    if math.isfinite(res.ci_low_s) and math.isfinite(res.ci_high_s) and res.ci_low_s > 0:
+        return (math.log(res.ci_high_s) - math.log(res.ci_low_s)) / (2 * 1.96)
+    n = max(1, len(res.samples_s))
+    # the sd of a median is about 1.25 sd / sqrt(n); a sample's sd from its IQR or its CV
+    if math.isfinite(res.iqr_s) and res.iqr_s > 0:
+        return 1.25 * res.iqr_s / res.median_s / 1.349 / math.sqrt(n)
+    if math.isfinite(res.cv) and res.cv > 0:
+        return 1.25 * res.cv / math.sqrt(n)
+    return math.nan
+
+
+def space_culprits(space: SearchSpace, results_root: str | Path = "results") -> tuple[str, ...]:
+    """The culprits of ``results/<space name>/bisect.json`` (what ``fusiontune bisect SPACE``
+    writes), when that file exists; ()."""
+    return bisect_culprits(Path(results_root) / space.name / "bisect.json")
+
+
+# ---- two-level orthogonal arrays -------------------------------------------------------------
+def two_level_design(k: int) -> np.ndarray:
+    """A Plackett-Burman design for ``k`` two-level factors: N x k of +-1, balanced, orthogonal.
+
+    N is the smallest size >= k + 1 among the Sylvester (4, 8, 16, 32, 64) and Paley (q + 1 for
+    a prime q = 3 mod 4: 12, 20, 24, 44, 48, ...) Hadamard matrices; the factors are columns
+    1..k of the normalised matrix (column 0, all +1, is the mean).
+    """
+    n = 4
+    while True:
+        # Paley sizes first: a Sylvester design is a regular fraction, where every pair's
+        # product is exactly another column (a pair fully aliased with a main effect).
+        if (_is_prime(n - 1) and (n - 1) % 4 == 3) or (n & (n - 1) == 0 and n > 2 * k):
+            if n >= k + 1:
+                break
+        n += 4
+    h = _sylvester(n) if n & (n - 1) == 0 else _paley(n - 1)
+    h = h * h[:, :1]  # rows normalised: column 0 all +1
+    return h[:, 1 : k + 1]
+
+
+def _sylvester(n: int) -> np.ndarray:
+    h = np.ones((1, 1))
+    while len(h) < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def _paley(q: int) -> np.ndarray:
+    residues = {(i * i) % q for i in range(1, q)}
+    chi = np.array([0.0] + [1.0 if a in residues else -1.0 for a in range(1, q)])
+    idx = np.arange(q)
+    jac = chi[(idx[None, :] - idx[:, None]) % q]
+    s = np.zeros((q + 1, q + 1))
+    s[0, 1:] = 1.0
+    s[1:, 0] = -1.0
+    s[1:, 1:] = jac
+    return s + np.eye(q + 1)
+
+
+def _is_prime(m: int) -> bool:
+    return m >= 2 and all(m % d for d in range(2, int(math.isqrt(m)) + 1))

@@ -1,0 +1,267 @@
+"""``--sampler fusion``: finds planted optima, never repeats a point, keeps culprits off, batches,
+seeds, inert passes, and a real sweep through the tuning loop."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from fusiontune.passes.base import FusionReport
+from fusiontune.tune.evaluator import LocalEvaluator
+from fusiontune.tune.fusion_sampler import (
+    FusionSampler,
+    bisect_culprits,
+    space_culprits,
+    two_level_design,
+)
+from fusiontune.tune.records import EvalResult, EvalStatus
+from fusiontune.tune.samplers import SAMPLERS, make_sampler
+from fusiontune.tune.store import CONSTRAINT, RESULT, TrialRecord
+from fusiontune.tune.study import run_tune, trial_constraint
+from fusiontune.workloads import make_workload
+from fusiontune.workloads import space as space_module
+from fusiontune.workloads.space import load_space
+
+BOUND = 1e-3
+Objective = Callable[[Mapping[str, Any]], tuple[float, float]]
+
+
+def planted(seed: int, d: int = 10) -> tuple[Objective, dict[str, str], int, float]:
+    """Log-additive gains, two pairwise terms, one culprit on by default (defaults infeasible)."""
+    rng = np.random.default_rng(100 + seed)
+    gains = np.where(rng.random(d) < 0.7, rng.uniform(0.01, 0.06, d), -rng.uniform(0.01, 0.04, d))
+    pairs = [(tuple(rng.choice(d, 2, replace=False)), rng.uniform(-0.06, 0.06)) for _ in range(2)]
+    culprit = int(rng.integers(d))
+    gains[culprit] = 0.1
+    defaults = {f"pass.P{i}": "on" for i in range(d)}
+
+    def objective(params: Mapping[str, Any]) -> tuple[float, float]:
+        x = np.array([params[f"pass.P{i}"] == "on" for i in range(d)], dtype=float)
+        g = gains @ x + sum(w * x[i] * x[j] for (i, j), w in pairs)
+        return 1e-3 * math.exp(-g), BOUND * (5.0 if x[culprit] else 0.3)
+
+    best = min(
+        objective(p)[0]
+        for bits in itertools.product(("off", "on"), repeat=d)
+        if objective(p := {f"pass.P{i}": b for i, b in enumerate(bits)})[1] <= BOUND
+    )
+    return objective, defaults, culprit, best
+
+
+def dims(d: int) -> dict[str, CategoricalDistribution]:
+    return {f"pass.P{i}": CategoricalDistribution(["off", "on"]) for i in range(d)}
+
+
+def sweep(
+    sampler: FusionSampler,
+    objective: Objective,
+    defaults: Mapping[str, str],
+    n: int,
+    noise: float = 0.005,
+    seed: int = 0,
+    batch: int = 1,
+) -> optuna.Study:
+    """The loop's shape: defaults and all-off enqueued, the constraint stored on every trial."""
+    study = optuna.create_study(sampler=sampler)
+    study.enqueue_trial(dict(defaults))
+    study.enqueue_trial({k: "off" for k in defaults})
+    rng = np.random.default_rng(seed)
+    d = dict(sampler.dists)
+    while len(study.trials) < n:
+        asked = [study.ask(d) for _ in range(min(batch, n - len(study.trials)))]
+        for trial in asked:
+            runtime, error = objective(trial.params)
+            trial.set_user_attr(CONSTRAINT, error - BOUND)
+            study.tell(trial, runtime * math.exp(noise * rng.standard_normal()))
+    return study
+
+
+def best_feasible(study: optuna.Study, objective: Objective) -> float:
+    feasible = [t for t in study.trials if t.user_attrs[CONSTRAINT] <= 0]
+    return objective(min(feasible, key=lambda t: t.values[0]).params)[0]
+
+
+def test_two_level_design_is_balanced_and_orthogonal() -> None:
+    for k in (3, 7, 10, 12, 16, 20, 24):
+        x = two_level_design(k)
+        assert x.shape[1] == k and k + 1 <= len(x) <= 2 * k + 4
+        assert np.allclose(x.sum(axis=0), 0)
+        assert np.allclose(x.T @ x, len(x) * np.eye(k))
+
+
+def test_fusion_finds_the_optimum_of_a_planted_10_switch_space_within_40_trials() -> None:
+    hits = 0
+    for seed in range(5):
+        objective, defaults, _, best = planted(seed)
+        sampler = FusionSampler(dims(10), defaults=defaults, bound=BOUND, seed=seed)
+        study = sweep(sampler, objective, defaults, 40, seed=seed)
+        hits += best_feasible(study, objective) <= best * 1.01
+    assert hits >= 4
+
+
+def test_fusion_never_proposes_a_point_twice() -> None:
+    objective, defaults, _, _ = planted(1, d=6)  # 64 points: the sweep must run out of new ones
+    study = sweep(
+        FusionSampler(dims(6), defaults=defaults, bound=BOUND, seed=1), objective, defaults, 60
+    )
+    points = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(points)) == len(points)
+
+
+def test_fusion_keeps_a_known_culprit_off() -> None:
+    objective, defaults, culprit, _ = planted(2)
+    sampler = FusionSampler(
+        dims(10), defaults=defaults, bound=BOUND, seed=2, culprits=[f"P{culprit}"]
+    )
+    study = sweep(sampler, objective, defaults, 30)
+    sampled = study.trials[2:]  # after the enqueued defaults (culprit on) and all-off
+    assert all(t.params[f"pass.P{culprit}"] == "off" for t in sampled)
+
+
+def test_fusion_learns_an_unknown_culprit() -> None:
+    objective, defaults, culprit, _ = planted(3)
+    study = sweep(
+        FusionSampler(dims(10), defaults=defaults, bound=BOUND, seed=3), objective, defaults, 40
+    )
+    late = study.trials[-10:]
+    assert sum(t.params[f"pass.P{culprit}"] == "on" for t in late) <= 2
+
+
+def test_fusion_batches_hold_distinct_points_and_a_seed_repeats_its_sweep() -> None:
+    objective, defaults, _, _ = planted(4)
+    runs = [
+        sweep(
+            FusionSampler(dims(10), defaults=defaults, bound=BOUND, seed=7),
+            objective,
+            defaults,
+            30,
+            batch=4,
+        )
+        for _ in range(2)
+    ]
+    points = [[tuple(sorted(t.params.items())) for t in run.trials] for run in runs]
+    assert len(set(points[0])) == len(points[0])
+    assert points[0] == points[1]
+
+
+def _measured(params: Mapping[str, str], matched: Mapping[str, int], runtime: float) -> Any:
+    """A finished trial the way the loop records it: a result with a fusion report."""
+    counts = {
+        name.removeprefix("pass."): (matched.get(name, 0), 0)
+        for name, v in params.items()
+        if v == "on"
+    }
+    result = EvalResult(
+        0, "", "", EvalStatus.OK, median_s=runtime, fusion=FusionReport.from_counts(counts)
+    )
+    return optuna.trial.create_trial(
+        params=dict(params),
+        distributions=dims(len(params)),
+        value=runtime,
+        user_attrs={RESULT: result.to_json(), CONSTRAINT: -1e-4},
+    )
+
+
+def test_fusion_skips_points_that_differ_only_in_passes_that_never_matched() -> None:
+    d = 4  # P2 and P3 ran in every trial and matched nothing: they cannot change the program
+    study = optuna.create_study(sampler=FusionSampler(dims(d), bound=BOUND, seed=0, design="none"))
+    rng = np.random.default_rng(0)
+    for bits in [("on", "on", "on", "on"), ("off", "on", "on", "on"), ("on", "off", "on", "on")]:
+        params = {f"pass.P{i}": b for i, b in enumerate(bits)}
+        study.add_trial(_measured(params, {"pass.P0": 1, "pass.P1": 2}, 1e-3 * rng.uniform(1, 2)))
+    asked = study.ask(dims(d))
+    programs = {
+        (t.params["pass.P0"], t.params["pass.P1"])
+        for t in study.trials
+        if t.state == TrialState.COMPLETE
+    }
+    assert (asked.params["pass.P0"], asked.params["pass.P1"]) not in programs
+
+
+def test_bisect_culprits_reads_the_culprit_passes(tmp_path: Path) -> None:
+    path = tmp_path / "bisect.json"
+    path.write_text(json.dumps({"culprits": [{"pass": "FastGeluPass", "applications": []}]}))
+    assert bisect_culprits(path) == ("FastGeluPass",)
+    assert bisect_culprits(tmp_path / "missing.json") == ()
+    (tmp_path / "bad.json").write_text("{")
+    assert bisect_culprits(tmp_path / "bad.json") == ()
+
+
+def test_fusion_is_in_both_sampler_tables() -> None:
+    assert "fusion" in SAMPLERS and "fusion" in space_module.SAMPLERS
+
+
+def test_fusion_takes_a_command_targets_passes(tmp_path: Path) -> None:
+    text = """\
+name = "job"
+[target]
+kind = "command"
+command = ["python", "-c", "pass"]
+[passes]
+GraphFusion = ["ConvBatchnormFusionPass", "SoftmaxFusionPass", "PoolingFusionPass"]
+[accuracy]
+bound = 0.001
+"""
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    space = load_space(path)
+    assert space_culprits(space, tmp_path / "results") == ()
+    choice = make_sampler("fusion", space, 0, 10, trial_constraint)
+    assert choice.takes_constraints is False
+    assert isinstance(choice.sampler, FusionSampler)
+    assert set(choice.sampler.dists) == {f"pass.{p}" for p in space.searched}
+
+
+SMALL_SPACE = """\
+[workload]
+name = "mindspore_custom_op"
+
+[passes]
+search = ["TbeEltwiseFusionPass", "CompositeOpsFusionPass", "TbeMultiOutputFusionPass", "TbeEltwiseSplitFusionPass"]
+
+[split_points]
+"TbeEltwiseSplitFusionPass.cut" = [0, 2]
+
+[accuracy]
+metric = "max_rel"
+bound = 1e-3
+
+[measure]
+warmup = 0
+repeat = 2
+number = 1
+min_repeat_ms = 0.0
+
+[search]
+sampler = "fusion"
+trials = 10
+seed = 0
+workers = 0
+"""
+
+
+def test_fusion_runs_a_real_sweep_through_the_tuning_loop(tmp_path: Path) -> None:
+    path = tmp_path / "space.toml"
+    path.write_text(SMALL_SPACE)
+    space = load_space(path)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    evaluator = LocalEvaluator(make_workload("mindspore_custom_op"), space.measure)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_tune(space, evaluator, url, "s", 10, progress=False)
+    assert result.n_finished == 10
+    trials = optuna.load_study(study_name="s", storage=url).trials
+    records = [TrialRecord.from_trial(t) for t in trials]
+    assert all(r.state == "COMPLETE" for r in records)
+    points = [tuple(sorted(r.params.items())) for r in records]
+    assert len(set(points)) == len(points)
