@@ -303,12 +303,14 @@ def study_frame(study: Any) -> pd.DataFrame:
     ]
     metrics = () if command else METRICS
     measured = [c for c in _MEASURED if c in ("median_s", "iqr_s", "cv", "min_s") or c not in METRICS or c in metrics]
-    columns = [*_LEAD, *switch_cols, *split_cols, *measured, *_TAIL]
+    # A command target's job runs `repeats` times, fewer when racing stopped it (measure/racing.py).
+    raced = ["runs", "raced_out"] if command else []
+    columns = [*_LEAD, *switch_cols, *split_cols, *measured, *raced, *_TAIL]
     frame = pd.DataFrame(rows, columns=columns).sort_values("number", kind="stable")
     frame = frame.reset_index(drop=True)
     for col in split_cols + ("reused_from", "kernels"):
         frame[col] = frame[col].astype("Int64")
-    for col in ("feasible", "noisy"):
+    for col in ("feasible", "noisy", *raced[1:]):
         frame[col] = frame[col].astype(bool)
     return _ranked_first(frame, store.confirmation())
 
@@ -363,6 +365,8 @@ def _trial_row(
     for name in ("median_s", "iqr_s", "cv", "min_s", "ci_low_s", "ci_high_s"):
         row[name] = _finite_or_nan(getattr(result, name)) if ok else math.nan
     row["noisy"] = bool(ok and result is not None and result.noisy)
+    row["runs"] = result.runs if result is not None else 0
+    row["raced_out"] = bool(result is not None and result.raced_out)
     row["constraint"] = trial.constraint if trial.constraint is not None else row["error"] - bound
     row["feasible"] = trial.feasible and not math.isnan(row["median_s"])
     row["speedup_vs_defaults"], row["speedup_vs_all_off"] = speedup
@@ -730,6 +734,8 @@ def top_rows(frame: pd.DataFrame, n: int = 10) -> tuple[list[str], list[list[str
             note.append(f"reuses #{r.reused_from}")
         if r.noisy:
             note.append(f"noisy: CV {r.cv:.2f}")
+        if getattr(r, "raced_out", False):
+            note.append(f"raced out after {r.runs} run{'s' if r.runs != 1 else ''}")
         rows.append(
             [
                 str(r.rank),

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import optuna
+import pandas as pd
 import pytest
 
 from fusiontune.cli import main
@@ -185,6 +186,11 @@ def test_tune_races_out_slow_trials_and_resumes(tmp_path: Path, monkeypatch, cap
         assert r.runs == 5 or (r.raced_out and r.runs < 5 and len(r.samples_s) == r.runs)
     saved = sum(5 - r.runs for r in raced)
     assert f"racing: {saved} of " in err and f"({len(raced)} trial" in err
+    # trials.csv says which trials were raced out and how many runs each made.
+    table = pd.read_csv(tmp_path / "results" / "job" / "trials.csv").set_index("number")
+    for number, r in results.items():
+        assert table.loc[number, "runs"] == r.runs
+        assert bool(table.loc[number, "raced_out"]) == r.raced_out
     # Resume: the same command to a larger total continues the study, racing in the new window.
     trials, _ = tune(tmp_path, 9, "--no-confirm")
     capsys.readouterr()
