@@ -106,6 +106,7 @@ class FusionSampler(BaseSampler):
         max_enumerate: int = 2**16,
         greedy_every: int = 0,
         model_options: Mapping[str, Any] | None = None,
+        feasibility_pairs: bool = True,
     ) -> None:
         for name, d in search_space.items():
             if not isinstance(d, CategoricalDistribution):
@@ -122,6 +123,7 @@ class FusionSampler(BaseSampler):
         self.max_enumerate = max_enumerate
         self.greedy_every = greedy_every
         self.model_options = dict(model_options or {})
+        self.feasibility_pairs = feasibility_pairs
         names = self.coding.names
         self._off = np.array([_index(c, "off") for c in self.coding.choices])
         # split.<Pass>.<point> -> the dimension of pass.<Pass>, when the pass is searched
@@ -190,7 +192,7 @@ class FusionSampler(BaseSampler):
         hist = _History(self, [t for t in trials if t.number != number])
         design = self._design(hist)
         if design:
-            return design[0]
+            return hist.canonical(design[0][None, :])[0]
         if len(hist.y) >= 2:
             greedy = self.greedy_every > 0 and number % self.greedy_every == 0
             choice = self._thompson(hist, rng, greedy)
@@ -202,6 +204,7 @@ class FusionSampler(BaseSampler):
         """The initial design's points that no trial holds yet (the first is proposed)."""
         active = [k for k in range(len(self._sizes)) if k not in hist.inert]
         culprit_dims = {self.coding.names.index(f"pass.{c}") for c in self._known_culprits()}
+        culprit_dims |= hist.observed_culprits() | self._likely_culprits(hist)
         if self.design == "screening":
             rows = self._screening(hist, active, culprit_dims)
         elif self.design == "oat":
@@ -215,20 +218,24 @@ class FusionSampler(BaseSampler):
     def _screening(
         self, hist: _History, active: list[int], culprit_dims: set[int]
     ) -> list[np.ndarray]:
-        """A two-level orthogonal array (Plackett-Burman: Sylvester or Paley), one column per
-        active dimension: every main effect is estimated from all N runs, not from two."""
-        dims = [k for k in active if k not in culprit_dims]
-        if not dims:
+        """A two-level orthogonal array (Plackett-Burman), one column per active dimension: every
+        main effect is estimated from all N runs, not from two. A split point's "+" runs cycle
+        through its cut values; a culprit's column stays off (its runs would all break the
+        bound, and its gain cannot be used anyway)."""
+        if not active:
             return []
-        design = two_level_design(len(dims))
-        rows = []
-        for signs in design:
-            point = self._off.copy()
-            for k, sign in zip(dims, signs, strict=True):
-                high = (len(self.coding.choices[k]) // 2) if len(self.coding.choices[k]) > 2 else 1
-                low = self._off[k] if self.coding.switches[k] else 0
-                point[k] = (1 - low if self.coding.switches[k] else high) if sign > 0 else low
-            rows.append(point)
+        design = two_level_design(len(active))
+        rows = [self._off.copy() for _ in design]
+        for col, k in enumerate(active):
+            if k in culprit_dims:
+                continue
+            high = np.flatnonzero(design[:, col] > 0)
+            if self.coding.switches[k]:
+                for r in high:
+                    rows[r][k] = 1 - self._off[k]
+            else:
+                for i, r in enumerate(high):
+                    rows[r][k] = 1 + i % (self._sizes[k] - 1)
         return rows
 
     def _one_at_a_time(
@@ -304,8 +311,26 @@ class FusionSampler(BaseSampler):
             for name in names:
                 k = self.coding.names.index(f"pass.{name}")
                 prior[self.coding.slices[k]] = value
-        model = BayesianLinearModel(interactions=False, sparse=False, prior_mean=prior)
+        model = BayesianLinearModel(
+            interactions=self.feasibility_pairs,
+            block=self.coding.block,
+            prior_mean=prior,
+            sparse_mains=True,  # few passes break the bound: a sparse prior per switch
+        )
         return model.fit(hist.Xz, hist.z)
+
+    def _likely_culprits(self, hist: _History) -> set[int]:
+        """Switches the feasibility model says break the bound: switching one on raises
+        ``log(error / bound)`` by more than 1 with 90% probability."""
+        feas = self._feasibility(hist)
+        if feas is None or len(hist.z) < 4:
+            return set()
+        out = set()
+        for e in feas.effects(list(self.coding.labels), level=0.8):
+            k = self.coding.names.index(e.terms[0]) if e.terms[0] in self.coding.names else -1
+            if k >= 0 and self.coding.switches[k] and e.low > 1.0:
+                out.add(k)
+        return out
 
     def _known_culprits(self) -> list[str]:
         return [c for c in self.culprits if f"pass.{c}" in self.dists]
@@ -458,29 +483,46 @@ class _History:
         self.Xz = sampler._features(self.levels_z)
 
     def _inert(self, rows: Sequence[tuple[np.ndarray, FrozenTrial, TrialRecord]]) -> set[int]:
-        """Switches that ran and matched nothing in every measured trial where they were on (a
-        pass with a searched split point may match only once cut: never inert)."""
+        """Switches that ran and matched nothing in every measured trial where they were on.
+
+        A pass with a searched split point may match only once cut, so it counts as inert only
+        when it also matched nothing in a trial where one of its split points was cut.
+        """
         s = self.s
-        with_split = {int(o) for o in s._owner if o >= 0}
         out = set()
         for k, name in enumerate(s.coding.names):
-            if not s.coding.switches[k] or k in with_split:
+            if not s.coding.switches[k]:
                 continue
             pass_name = name[len("pass.") :]
+            splits = np.flatnonzero(s._owner == k)
             seen = False
-            inert = True
             for lv, _, r in rows:
                 if lv[k] == s._off[k] or not r.measured or r.result is None:
                     continue
                 fusion = r.result.fusion
                 if pass_name not in fusion.passes_run:
                     continue
-                seen = True
                 if fusion.matched(pass_name) > 0:
-                    inert = False
                     break
-            if seen and inert:
-                out.add(k)
+                seen = seen or not len(splits) or bool(np.any(lv[splits] > 0))
+            else:
+                if seen:
+                    out.add(k)
+        return out
+
+    def observed_culprits(self) -> set[int]:
+        """Switches seen to break the bound on their own: two observations that differ only in
+        that switch, the one with it on infeasible and the other feasible (e.g. the defaults and
+        the enqueued ``only:<Pass>`` trial)."""
+        s = self.s
+        lv, z = self.canonical(self.levels_z), self.z
+        out = set()
+        for a in np.flatnonzero(z > 0):
+            diff = lv != lv[a]
+            for b in np.flatnonzero((z <= 0) & (diff.sum(axis=1) == 1)):
+                k = int(np.flatnonzero(diff[b])[0])
+                if s.coding.switches[k] and lv[a, k] != s._off[k]:
+                    out.add(k)
         return out
 
     def _margin(self, t: FrozenTrial, r: TrialRecord) -> float | None:
