@@ -90,6 +90,12 @@ class FusionSampler(BaseSampler):
             switch at a time from the defaults) or ``none``.
         min_feasible: the least predicted P(feasible) of a proposed point.
         max_enumerate: minimise by enumeration up to this many points, by local search above.
+        greedy_every: every this many trials, minimise the posterior mean instead of a draw
+            (0: never).
+        model_options: options of the runtime model (:class:`BayesianLinearModel`).
+        feasibility_pairs: pairwise terms in the feasibility model (a pair of passes that
+            breaks the bound only together).
+        max_design: at most this many design runs (:meth:`for_space`: half the budget).
     """
 
     def __init__(
@@ -107,6 +113,7 @@ class FusionSampler(BaseSampler):
         greedy_every: int = 0,
         model_options: Mapping[str, Any] | None = None,
         feasibility_pairs: bool = True,
+        max_design: int | None = None,
     ) -> None:
         for name, d in search_space.items():
             if not isinstance(d, CategoricalDistribution):
@@ -124,6 +131,7 @@ class FusionSampler(BaseSampler):
         self.greedy_every = greedy_every
         self.model_options = dict(model_options or {})
         self.feasibility_pairs = feasibility_pairs
+        self.max_design = max_design
         names = self.coding.names
         self._off = np.array([_index(c, "off") for c in self.coding.choices])
         # split.<Pass>.<point> -> the dimension of pass.<Pass>, when the pass is searched
@@ -140,9 +148,22 @@ class FusionSampler(BaseSampler):
 
     @classmethod
     def for_space(
-        cls, space: SearchSpace, seed: int | None = None, culprits: Sequence[str] = (), **kw: Any
+        cls,
+        space: SearchSpace,
+        seed: int | None = None,
+        culprits: Sequence[str] = (),
+        n_trials: int | None = None,
+        **kw: Any,
     ) -> FusionSampler:
-        """The sampler of a search space: its dimensions, defaults, bound and inexact passes."""
+        """The sampler of a search space: its dimensions, defaults, bound and inexact passes.
+
+        Args:
+            space: the search space.
+            seed: the seed.
+            culprits: passes a bisection found to break the bound.
+            n_trials: the trial budget; the design takes at most half of it.
+            **kw: further :class:`FusionSampler` arguments.
+        """
         from fusiontune.workloads.space import baseline_params, distributions, inexact_searched
 
         return cls(
@@ -152,6 +173,7 @@ class FusionSampler(BaseSampler):
             inexact=inexact_searched(space),
             culprits=culprits,
             seed=seed,
+            **({"max_design": max(4, n_trials // 2)} if n_trials else {}),
             **kw,
         )
 
@@ -211,6 +233,8 @@ class FusionSampler(BaseSampler):
             rows = self._one_at_a_time(hist, active, culprit_dims)
         else:
             return []
+        if self.max_design is not None:
+            rows = rows[: self.max_design]
         if not rows or hist.sampled >= len(rows):
             return []
         return [p for p, fresh in zip(rows, hist.fresh(np.array(rows)), strict=True) if fresh]

@@ -131,7 +131,9 @@ def _fusion(
     from fusiontune.tune.fusion_sampler import FusionSampler, space_culprits
 
     # The culprits of an earlier `fusiontune bisect` of this space are prior knowledge.
-    sampler = FusionSampler.for_space(space, seed=seed, culprits=space_culprits(space))
+    sampler = FusionSampler.for_space(
+        space, seed=seed, culprits=space_culprits(space), n_trials=n_trials
+    )
     return SamplerChoice(sampler, False)
 
 

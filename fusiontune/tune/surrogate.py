@@ -214,6 +214,14 @@ class BayesianLinearModel:
         prior_mean: prior means of the main-effect coefficients, in the units of y (e.g. a known
             culprit's expected contribution); zero when None.
         iterations: at most this many evidence iterations.
+        sparse_mains: ARD per main effect too (default: the main effects share one
+            evidence-fitted scale, as most switches of a fusion space matter).
+        pair_prior: ``ard`` (one precision per pair) or ``group`` (one for all pairs).
+        pair_cap: a pair's prior sd is at most this times the main effects' (effect hierarchy:
+            with fewer runs than pairs, pairs picked from hundreds would otherwise explain by
+            chance what the main effects do); 0: no cap.
+        anchor: strength ``c`` of a Gamma(1 + c, c / alpha0) hyperprior holding each precision
+            near its start value where the data say nothing (0: plain evidence maximisation).
     """
 
     def __init__(
@@ -230,6 +238,7 @@ class BayesianLinearModel:
         sparse_mains: bool = False,
         pair_prior: str = "ard",
         pair_cap: float = 0.5,
+        anchor: float = 0.0,
     ) -> None:
         self.interactions = interactions
         self.block = None if block is None else np.asarray(block, dtype=np.int64)
@@ -243,6 +252,7 @@ class BayesianLinearModel:
         self.sparse_mains = sparse_mains
         self.pair_prior = pair_prior
         self.pair_cap = pair_cap
+        self.anchor = anchor
         self.d = 0
         self._fitted = False
 
@@ -316,8 +326,11 @@ class BayesianLinearModel:
                 raise ValueError(f"prior_mean has {len(self.prior_mean_main)} entries for {d}")
             mu0[1 : 1 + d] = self.prior_mean_main / self.scale
         n_pairs = p - 1 - d
+        # The pairs together start with as much prior variance as interaction_prior_sd**2 x d
+        # (not per pair: hundreds of pairs would drown the main effects in every draw).
+        pair_sd = self.interaction_prior_sd * (math.sqrt(d / n_pairs) if n_pairs > d else 1.0)
         alpha = np.concatenate(
-            [[1e-6], np.full(d, self.prior_sd**-2), np.full(n_pairs, self.interaction_prior_sd**-2)]
+            [[1e-6], np.full(d, self.prior_sd**-2), np.full(n_pairs, pair_sd**-2)]
         )
         # The floor of a pair's prior sd shrinks with the number of pairs, so that the pairs
         # together may hold no more prior variance than the main effects (else hundreds of
@@ -325,6 +338,7 @@ class BayesianLinearModel:
         floor = np.full(p, self.min_prior_sd)
         floor[1 + d :] *= math.sqrt(d / n_pairs) if n_pairs > d else 1.0
         alpha_max = floor**-2
+        alpha0 = alpha.copy()
         sigma2 = max(0.1, self.min_noise_sd**2)
         r0 = z - phi @ mu0
         for _ in range(self.iterations if n else 0):
@@ -333,7 +347,13 @@ class BayesianLinearModel:
             new = alpha
             if self.sparse:
                 # MacKay's update, with b = floor^2 / 2: alpha <= 1 / floor^2.
-                new = gamma / (m * m + floor**2)
+                # a Gamma(1 + c, c / alpha0) hyperprior anchors each alpha at its start value
+                # alpha0 where the data say nothing (plain ARD would let an unidentified
+                # coefficient's prior variance grow without bound when there are more
+                # coefficients than runs, and its posterior draws swamp the rest)
+                c = self.anchor
+                dev = m - mu0
+                new = (gamma + 2 * c) / (dev * dev + floor**2 + 2 * c / alpha0)
                 if not self.sparse_mains:
                     # Main effects share one prior scale (most switches matter; a per-switch
                     # scale from a handful of runs would let pairs explain what mains do).
