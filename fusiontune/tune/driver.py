@@ -141,7 +141,17 @@ def _tune(
 
     # Everything that can be refused is checked before any worker starts.
     seed = space.seed if options.seed is None else options.seed
-    make_sampler(options.sampler or space.sampler, space, seed, n_trials, trial_constraint)
+    sampler_name = options.sampler or space.sampler
+    make_sampler(sampler_name, space, seed, n_trials, trial_constraint)
+    if sampler_name == "fusion":  # its prior knowledge, said once (the factory reads the file)
+        from fusiontune.tune.fusion_sampler import space_culprits
+
+        culprits = space_culprits(space)
+        if culprits:
+            print(
+                f"fusion sampler: {', '.join(culprits)} (the culprits of"
+                f" results/{space.name}/bisect.json) are taken to break the bound"
+            )
     open_storage(storage_url)
     created = create_evaluator(
         space,

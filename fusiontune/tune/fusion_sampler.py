@@ -407,9 +407,19 @@ class FusionSampler(BaseSampler):
         return np.array([rng.integers(s) for s in self._sizes])
 
     def _random_fresh(self, hist: _History, rng: np.random.Generator) -> np.ndarray:
-        points = hist.canonical(np.array([self._random(rng) for _ in range(256)]))
+        """A random new program; once every program is held, a point whose parameters no trial
+        holds (the loop answers it from the measurement of its program)."""
+        raw = np.array([self._random(rng) for _ in range(256)])
+        points = hist.canonical(raw)
         fresh = np.flatnonzero(hist.fresh(points))
-        return points[fresh[0]] if len(fresh) else points[0]
+        if len(fresh):
+            return points[fresh[0]]
+        if self._n_points() <= self.max_enumerate:  # the rest of the space, in order
+            if self._grid is None:
+                self._grid = np.indices(tuple(self._sizes)).reshape(len(self._sizes), -1).T
+            raw = np.vstack([raw, self._grid])
+        new = np.flatnonzero(~np.isin(self.codes(raw), hist.held_raw))
+        return raw[new[0]] if len(new) else raw[0]
 
     def codes(self, levels: np.ndarray) -> np.ndarray:
         """One integer per level vector (mixed radix), or its bytes when the space is too large."""
@@ -478,6 +488,7 @@ class _History:
             if not (t.state == TrialState.FAIL and (r.interrupted or r.result is None))
         ]
         self.held = self.codes(np.array(held)) if held else np.zeros(0, dtype=np.int64)
+        self.held_raw = sampler.codes(np.array(held)) if held else np.zeros(0, dtype=np.int64)
         # trials the sampler proposed (not enqueued), measured or pending: the design's progress
         self.sampled = sum(
             1

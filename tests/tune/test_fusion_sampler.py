@@ -265,3 +265,16 @@ def test_fusion_runs_a_real_sweep_through_the_tuning_loop(tmp_path: Path) -> Non
     assert all(r.state == "COMPLETE" for r in records)
     points = [tuple(sorted(r.params.items())) for r in records]
     assert len(set(points)) == len(points)
+
+
+def test_fusion_proposes_new_parameters_once_every_program_is_measured() -> None:
+    d = 3  # P1 and P2 never match: 2 programs, 8 parameter points
+    study = optuna.create_study(sampler=FusionSampler(dims(d), bound=BOUND, seed=0, design="none"))
+    for bits in [("on", "on", "on"), ("off", "on", "on")]:
+        params = {f"pass.P{i}": b for i, b in enumerate(bits)}
+        study.add_trial(_measured(params, {"pass.P0": 1}, 1e-3))
+    for _ in range(6):
+        trial = study.ask(dims(d))
+        study.tell(trial, 1e-3)
+    points = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(points)) == len(points) == 8
