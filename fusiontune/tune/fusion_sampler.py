@@ -178,6 +178,8 @@ class FusionSampler(BaseSampler):
         """
         from fusiontune.workloads.space import baseline_params, distributions, inexact_searched
 
+        options: dict[str, Any] = {"max_design": max(4, n_trials // 2)} if n_trials else {}
+        options.update(kw)
         return cls(
             distributions(space),
             defaults=baseline_params(space)["defaults"],
@@ -185,8 +187,7 @@ class FusionSampler(BaseSampler):
             inexact=inexact_searched(space),
             culprits=culprits,
             seed=seed,
-            **({"max_design": max(4, n_trials // 2)} if n_trials else {}),
-            **kw,
+            **options,
         )
 
     # ---- optuna's sampler interface --------------------------------------------------------
