@@ -57,7 +57,7 @@ def add_parser(sub: Any) -> None:
         help="study name, and the folder results/<NAME>/ (default: the space's name)",
     )
     p.add_argument(
-        "--sampler", metavar="NAME", help="tpe, random, grid or nsga2 (default: the space's)"
+        "--sampler", metavar="NAME", help="tpe, fusion, random, grid or nsga2 (default: the space's)"
     )
     p.add_argument(
         "--seed",

@@ -44,7 +44,7 @@ class TuneOptions:
         ray_address: join this running Ray cluster instead of starting one.
         storage: the study's SQLAlchemy URL (default ``sqlite:///results/<study>/study.db``).
         study: the study name, which is also the folder ``results/<study>/``.
-        sampler: tpe, random, grid or nsga2.
+        sampler: tpe, fusion, random, grid or nsga2.
         seed: the sampler's seed (>= 0).
         top_k: configurations measured again at the end (>= 0).
         confirm: measure the top k again (False skips the confirmation).
