@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -51,11 +52,13 @@ import statistics
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,6 +67,7 @@ import _planted  # noqa: E402
 from _planted import PlantedEvaluator, PlantedJob  # noqa: E402
 
 from fusiontune.tune import study as _study  # noqa: E402
+from fusiontune.tune.fusion_sampler import FusionSampler  # noqa: E402
 from fusiontune.tune.samplers import SAMPLERS  # noqa: E402
 from fusiontune.tune.store import TrialRecord  # noqa: E402
 from fusiontune.tune.study import run_tune  # noqa: E402
@@ -78,8 +82,10 @@ GOAL_RATIO = 0.35
 DEFAULT_EXCLUDED = ("grid", "nsga2")
 _EPS = 1e-9
 
-# A trial's trace: (feasible, measured median_s, true runtime_s), in trial-number order.
-Trace = list[tuple[bool, float, float]]
+# A trial's trace, in trial-number order: (feasible, measured median_s, true runtime_s, and the
+# true runtime_s of the model's pick after this trial: NaN before it has one).
+Trace = list[tuple[bool, float, float, float]]
+PICKS = ("measured", "model")  # the recommendation: the fastest measurement, the model's pick
 
 
 # ---- one run --------------------------------------------------------------------------------
@@ -143,13 +149,19 @@ def run_task(task: Task, tmp: str) -> Trace:
                     run_tune(space, evaluator, url, job.name, task.trials, graph=graph, **kwargs)
         study = optuna.load_study(study_name=job.name, storage=url)
         trace: Trace = []
-        for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
-            r = TrialRecord.from_trial(t)
-            if isinstance(job, PlantedJob):
-                true_s = job.true_runtime(t.params) if r.measured else math.nan
-            else:
-                true_s = r.median_s
-            trace.append((r.feasible, r.median_s, true_s))
+        trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+        records = [TrialRecord.from_trial(t) for t in trials]
+        true = [
+            (job.true_runtime(t.params) if r.measured else math.nan)
+            if isinstance(job, PlantedJob)
+            else r.median_s
+            for t, r in zip(trials, records, strict=True)
+        ]
+        model = FusionSampler.for_space(space, seed=0)
+        for n, r in enumerate(records, start=1):
+            trace.append(
+                (r.feasible, r.median_s, true[n - 1], model_pick(model, trials[:n], records, true))
+            )
         if len(trace) != task.trials:  # a SIGTERM stops run_tune early: not a finished run
             raise RuntimeError(
                 f"{task.key}: the study holds {len(trace)} trials, not {task.trials}"
@@ -158,6 +170,21 @@ def run_task(task: Task, tmp: str) -> Trace:
     finally:
         for suffix in ("", "-wal", "-shm"):
             Path(url[len("sqlite:///") :] + suffix).unlink(missing_ok=True)
+
+
+def model_pick(
+    model: FusionSampler,
+    trials: Sequence[Any],
+    records: Sequence[TrialRecord],
+    true: Sequence[float],
+) -> float:
+    """The true runtime of the feasible trial with the best posterior mean among ``trials`` (the
+    first of :func:`fusiontune.tune.confirm.model_order`), NaN when the model has none."""
+    mean = model.predicted(trials)
+    feasible = [t.number for t in trials if records[t.number].feasible and t.number in mean]
+    if not feasible:
+        return math.nan
+    return true[min(feasible, key=lambda n: (mean[n], n))]
 
 
 def _run_task_tmp(task: Task) -> tuple[Task, Trace, float]:
@@ -174,9 +201,10 @@ def run_tasks(tasks: Sequence[Task], parallel: int, cache: Path | None) -> dict[
         for line in cache.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                if len(row["trace"]) == int(row["key"].rsplit("|", 1)[1]):  # a finished run
+                finished = len(row["trace"]) == int(row["key"].rsplit("|", 1)[1])
+                if finished and all(len(step) == 4 for step in row["trace"]):
                     traces[row["key"]] = [
-                        (bool(f), _float(m), _float(t)) for f, m, t in row["trace"]
+                        (bool(f), _float(m), _float(t), _float(p)) for f, m, t, p in row["trace"]
                     ]
     todo = [t for t in tasks if t.key not in traces]
     # Seed by seed (a cache cut short holds whole seeds of every job), the largest spaces first.
@@ -198,7 +226,10 @@ def run_tasks(tasks: Sequence[Task], parallel: int, cache: Path | None) -> dict[
         for i, (task, trace, seconds) in enumerate(results, start=1):
             traces[task.key] = trace
             if out is not None:
-                row = {"key": task.key, "trace": [[f, _num(m), _num(t)] for f, m, t in trace]}
+                row = {
+                    "key": task.key,
+                    "trace": [[f, _num(m), _num(t), _num(p)] for f, m, t, p in trace],
+                }
                 out.write(json.dumps(row) + "\n")
                 out.flush()
             if i % 20 == 0 or i == len(todo):
@@ -225,10 +256,13 @@ def _float(x: float | None) -> float:
 
 
 # ---- scoring --------------------------------------------------------------------------------
-def recommendation_ratios(trace: Trace, optimum_s: float) -> list[float]:
-    """After each trial, the true runtime of the best-measured feasible trial over the optimum."""
+def recommendation_ratios(trace: Trace, optimum_s: float, pick: str = "measured") -> list[float]:
+    """After each trial, the true runtime of the recommendation over the optimum: the
+    best-measured feasible trial (``measured``), or the model's pick (``model``)."""
+    if pick == "model":
+        return [p / optimum_s if math.isfinite(p) else math.inf for *_, p in trace]
     out, best = [], (math.inf, math.inf)
-    for feasible, measured, true_s in trace:
+    for feasible, measured, true_s, _ in trace:
         if feasible and measured < best[0]:
             best = (measured, true_s)
         out.append(best[1] / optimum_s)
@@ -254,12 +288,12 @@ class Score:
         return values[max(0, math.ceil(0.25 * n) - 1)], values[max(0, math.ceil(0.75 * n) - 1)]
 
 
-def score(traces: Sequence[Trace], optimum_s: float, trials: int) -> Score:
+def score(traces: Sequence[Trace], optimum_s: float, trials: int, pick: str = "measured") -> Score:
     within: dict[tuple[float, int], int] = {}
     reach: list[int | None] = []
     exact = 0
     for trace in traces:
-        ratios = recommendation_ratios(trace, optimum_s)
+        ratios = recommendation_ratios(trace, optimum_s, pick)
         for tol in TOLERANCES:
             for n in _checkpoints(trials):
                 ok = len(ratios) >= n and ratios[n - 1] <= 1 + tol + _EPS
@@ -271,6 +305,54 @@ def score(traces: Sequence[Trace], optimum_s: float, trials: int) -> Score:
 
 def _checkpoints(trials: int) -> list[int]:
     return sorted({n for n in CHECKPOINTS if n < trials} | {trials})
+
+
+# ---- the noise's limit ----------------------------------------------------------------------
+FLOOR_SWITCHES = 16
+
+
+def noise_floor(job: PlantedJob, runs: int, reps: int = 200) -> tuple[float, float] | None:
+    """What the noise alone allows: the shares of ``reps`` draws within 1% / 2% of the optimum
+    for a search told the job's exact terms (which switches, pairs, triples and split values
+    matter) and its feasible points, that measures ``runs`` random points once each, fits the
+    terms by least squares and recommends the feasible point of least predicted runtime. None
+    above 16 switches (the enumeration)."""
+    n = len(job.switches)
+    if n > FLOOR_SWITCHES:
+        return None
+    codes = np.arange(1 << n, dtype=np.int64)
+    bits = ((codes[:, None] >> np.arange(n)) & 1).astype(np.float64)
+    combos = list(itertools.product(*(range(len(v)) for _, _, v in job.splits)))
+    rows, feats, true, feas = [], [], [], []
+    for combo in combos:
+        values = [v[i] for (_, _, v), i in zip(job.splits, combo, strict=True)]
+        cols = [np.ones(len(bits)), *bits.T]
+        cols += [bits[:, i] * bits[:, j] for (i, j), _ in job.pairwise]
+        cols += [bits[:, i] * bits[:, j] * bits[:, k] for (i, j, k), _ in job.threeway]
+        for (p, _, vals), i in zip(job.splits, combo, strict=True):
+            cols += [bits[:, p] * (i == m) for m in range(1, len(vals))]
+        feats.append(np.stack(cols, 1))
+        true.append(_planted.T0_S * np.exp(-job.gain(bits, values)))
+        feas.append(job.feasible(bits))
+        rows.append(len(bits))
+    f_all, t_all, ok = np.vstack(feats), np.concatenate(true), np.concatenate(feas)
+    optimum = t_all[ok].min()
+    rng = np.random.default_rng(zlib.crc32(job.name.encode()))
+    within = np.zeros(2)
+    ok_idx = np.flatnonzero(ok)
+    for _ in range(reps):
+        idx = rng.choice(len(t_all), runs, replace=False)
+        y = np.log(t_all[idx]) + job.noise * rng.standard_normal(runs)
+        beta, *_ = np.linalg.lstsq(f_all[idx], y, rcond=None)
+        ratio = t_all[ok_idx[np.argmin(f_all[ok_idx] @ beta)]] / optimum
+        within += [ratio <= 1.01 + _EPS, ratio <= 1.02 + _EPS]
+    return float(within[0] / reps), float(within[1] / reps)
+
+
+def floor_table(floors: dict[str, tuple[float, float]], markdown: bool) -> str:
+    rows = [[name, f"{a:.0%}", f"{b:.0%}"] for name, (a, b) in floors.items()]
+    head = "the noise's limit (exact terms and feasibility known, 40 random runs, least squares)"
+    return head + ":\n\n" + table(["job", "within 1%", "within 2%"], rows, markdown)
 
 
 # ---- output ---------------------------------------------------------------------------------
@@ -507,6 +589,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--fresh", action="store_true", help="with --replays: measure the grid again"
     )
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="per planted job up to 16 switches: how often a search that knows the job's exact"
+        " terms and feasibility gets within 1%% / 2%% from 40 random runs (the noise's limit)",
+    )
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     seeds = args.seeds or (3 if args.quick else 20)
@@ -530,47 +618,69 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tasks = [Task(s, j, seed, trials) for j in jobs for s in samplers for seed in range(seeds)]
     traces = run_tasks(tasks, max(1, args.jobs_parallel), args.cache)
     scores = {
-        (j.name, s): score(
-            [traces[Task(s, j, seed, trials).key] for seed in range(seeds)], j.optimum_s, trials
-        )
-        for j in jobs
-        for s in samplers
+        pick: {
+            (j.name, s): score(
+                [traces[Task(s, j, seed, trials).key] for seed in range(seeds)],
+                j.optimum_s,
+                trials,
+                pick,
+            )
+            for j in jobs
+            for s in samplers
+        }
+        for pick in PICKS
     }
     wall = time.perf_counter() - t0
     print(job_table(jobs, args.markdown))
-    print()
-    print(
-        f"{seeds} seeds x {trials} trials per sampler and job (the 2 baselines included);"
-        " shares of seeds whose recommendation (best measured feasible trial) is, noise-free,"
-        " within 1% / 2% of the optimum:"
-    )
-    print()
-    print(results_table(scores, [j.name for j in jobs], samplers, trials, args.markdown))
-    print()
-    for line in goal_lines(scores, jobs, samplers, trials):
-        print(("- " if args.markdown else "") + line)
+    floors = {}
+    if args.floor:
+        floors = {j.name: noise_floor(j, 40) for j in jobs if isinstance(j, PlantedJob)}
+        floors = {k: v for k, v in floors.items() if v is not None}
+        print()
+        print(floor_table(floors, args.markdown))
+    for pick in PICKS:
+        what = {
+            "measured": "the feasible trial of fastest measurement (the sweep's rank 1)",
+            "model": "the feasible trial of best posterior mean (the runtime model's pick, first"
+            " of the confirmation's model shortlist)",
+        }[pick]
+        print()
+        print(
+            f"{seeds} seeds x {trials} trials per sampler and job (the 2 baselines included);"
+            f" recommendation: {what}; shares of seeds whose recommendation is, noise-free,"
+            " within 1% / 2% of the optimum:"
+        )
+        print()
+        print(results_table(scores[pick], [j.name for j in jobs], samplers, trials, args.markdown))
+        print()
+        for line in goal_lines(scores[pick], jobs, samplers, trials):
+            print(("- " if args.markdown else "") + f"[{pick}] " + line)
     print(f"\nwall time {wall:.0f} s ({len(tasks)} runs, {args.jobs_parallel} processes)")
     figures: dict[str, Any] = {
         "seeds": seeds,
         "trials": trials,
         "samplers": samplers,
         "wall_s": wall,
+        "floor": floors,
         "jobs": {
             j.name: {
                 "optimum_s": j.optimum_s,
                 "switches": len(j.switches),
                 "samplers": {
-                    s: {
-                        "within": {
-                            f"{tol:g}@{n}": scores[(j.name, s)].within[(tol, n)]
-                            for tol in TOLERANCES
-                            for n in _checkpoints(trials)
-                        },  # fmt: skip
-                        "exact": scores[(j.name, s)].exact,
-                        "reach": scores[(j.name, s)].reach,
-                        "reach_median": scores[(j.name, s)].reach_median(),
+                    pick: {
+                        s: {
+                            "within": {
+                                f"{tol:g}@{n}": scores[pick][(j.name, s)].within[(tol, n)]
+                                for tol in TOLERANCES
+                                for n in _checkpoints(trials)
+                            },  # fmt: skip
+                            "exact": scores[pick][(j.name, s)].exact,
+                            "reach": scores[pick][(j.name, s)].reach,
+                            "reach_median": scores[pick][(j.name, s)].reach_median(),
+                        }
+                        for s in samplers
                     }
-                    for s in samplers
+                    for pick in PICKS
                 },
             }
             for j in jobs

@@ -58,6 +58,7 @@ __all__ = [
     "format_confirmation",
     "measure_interleaved",
     "median_ci",
+    "model_order",
     "select_candidates",
 ]
 
@@ -97,16 +98,20 @@ class ConfirmedRow:
 def select_candidates(
     study: optuna.Study, top_k: int, space: SearchSpace | None = None
 ) -> tuple[list[Candidate], int | None]:
-    """The top ``top_k`` feasible trials with distinct programs, and the defaults trial.
+    """The shortlist: ``top_k`` feasible trials with distinct programs, and the defaults trial.
 
-    Trials are taken in the sweep's order of the one ranking: by speedup against their own
-    baseline (so a trial measured on a busy night does not lose to one measured on a quiet one),
-    then by median.
+    Two orders are taken in turn, one trial from each: the sweep's one ranking (by speedup
+    against its own baseline, so a trial measured on a busy night does not lose to one measured
+    on a quiet one, then by median), and, when ``space`` is given, the runtime model's posterior
+    mean (:meth:`~fusiontune.tune.fusion_sampler.FusionSampler.predicted`). A single run of a
+    slow job is noisy: its fastest measurement is often a lucky run of a configuration slower
+    than one measured a little high, which the model, pooling every trial, ranks first.
 
     Args:
         study: a tuned study (the schema of :mod:`fusiontune.tune.store`).
         top_k: how many of the best feasible configurations.
-        space: resolves a trial's params when it lacks the ``config`` user attr.
+        space: resolves a trial's params when it lacks the ``config`` user attr, and gives the
+            model its dimensions.
 
     Returns:
         The candidates, best first, the defaults trial last when it is not among them; and the
@@ -116,13 +121,14 @@ def select_candidates(
     records = store.trials((TrialState.COMPLETE,))
     speed = speedups(records, store.baselines())
     defaults = next((t for t in records if t.role == DEFAULTS and t.measured), None)
+    feasible = [t for t in records if t.feasible]
     ranked = sorted(
-        (t for t in records if t.feasible),
-        key=lambda t: (-_or_minus_inf(speed[t.number][0]), t.median_s, t.number),
+        feasible, key=lambda t: (-_or_minus_inf(speed[t.number][0]), t.median_s, t.number)
     )
+    predicted = model_order(study, space, feasible) if space is not None else []
     chosen: list[Candidate] = []
     seen: set[str] = set()
-    for t in ranked:
+    for t in _alternate(ranked, predicted):
         phash = t.program_hash or f"trial-{t.number}"
         if phash in seen:
             continue
@@ -135,6 +141,31 @@ def select_candidates(
     if defaults is not None and all(c.trial != defaults.number for c in chosen):
         chosen.append(_candidate(defaults, space))
     return chosen, (defaults.number if defaults is not None else None)
+
+
+def model_order(
+    study: optuna.Study, space: SearchSpace, feasible: Sequence[TrialRecord]
+) -> list[TrialRecord]:
+    """``feasible``, by the runtime model's posterior mean (those it has no value for left out);
+    empty when the space has dimensions the model cannot code."""
+    from fusiontune.tune.fusion_sampler import FusionSampler
+
+    try:
+        sampler = FusionSampler.for_space(space, seed=0)
+    except ValueError:  # a dimension that is not categorical
+        return []
+    mean = sampler.predicted(study.get_trials(deepcopy=False))
+    return sorted(
+        (t for t in feasible if t.number in mean), key=lambda t: (mean[t.number], t.number)
+    )
+
+
+def _alternate(a: Sequence[TrialRecord], b: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """a[0], b[0], a[1], b[1], ...; the longer one's rest at the end."""
+    out: list[TrialRecord] = []
+    for i in range(max(len(a), len(b))):
+        out += [x[i] for x in (a, b) if i < len(x)]
+    return out
 
 
 def _or_minus_inf(x: float) -> float:
@@ -267,7 +298,9 @@ def confirm(
     if dropped:
         note += f"; could not be rebuilt here: {', '.join(dropped)}"
     store = StudyStore(study)
-    record = confirmation_record(rows, defaults_trial, winner, distinguishable, note, store.count_finished())
+    record = confirmation_record(
+        rows, defaults_trial, winner, distinguishable, note, store.count_finished()
+    )
     store.write_confirmation(record)
     echo(format_confirmation(record))
     return record

@@ -341,6 +341,25 @@ class FusionSampler(BaseSampler):
         pool = pool[p >= self.min_feasible]
         return pool[int(np.argmin(value(beta, pool)))]
 
+    def predicted(self, trials: Sequence[FrozenTrial]) -> dict[int, float]:
+        """The runtime model's posterior mean of log runtime at each measured trial.
+
+        Fitted to every measured trial, it pools what the other trials say about each switch,
+        so where one run's noise is as large as the differences between the best points, the
+        posterior mean ranks them better than their own measurements do (the confirmation
+        shortlists by both: :func:`fusiontune.tune.confirm.select_candidates`).
+
+        Returns:
+            trial number -> predicted log runtime; empty with fewer than 3 measured trials or
+            a runtime that is not positive.
+        """
+        hist = _History(self, trials)
+        if len(hist.y) < 3 or not hist.log:
+            return {}
+        runtime = BayesianLinearModel(block=self.coding.block, **self.model_options)
+        mean, _ = runtime.fit(hist.X, hist.y, hist.noise).predict(hist.X)
+        return {n: float(m) for n, m in zip(hist.numbers, mean, strict=True)}
+
     def _feasibility(self, hist: _History) -> BayesianLinearModel | None:
         if not len(hist.z):
             return None
@@ -515,10 +534,12 @@ class _History:
             and not (t.state == TrialState.FAIL and (r.interrupted or r.result is None))
         )
         y, noise, levels_y, z, levels_z = [], [], [], [], []
+        self.numbers: list[int] = []  # the trial of each runtime observation
         for lv, t, r in rows:
             margin = self._margin(t, r)
             if t.state == TrialState.COMPLETE and t.values:
                 y.append(float(t.values[0]))
+                self.numbers.append(t.number)
                 noise.append(_spread(r))
                 levels_y.append(lv)
             if margin is not None:

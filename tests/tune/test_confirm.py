@@ -17,6 +17,7 @@ from fusiontune.tune.confirm import (
     decide,
     measure_interleaved,
     median_ci,
+    model_order,
     select_candidates,
 )
 from fusiontune.tune.evaluator import LocalEvaluator
@@ -190,3 +191,16 @@ def test_confirm_can_be_read_back_by_the_report(tuned, tmp_path: Path):
     confirm(study, workload, space, top_k=2, rounds=6, echo=lambda s: None)
     paths = build_report(tmp_path / "c", storage_url=url, study_name="c")
     assert (tmp_path / "c" / "fusion_switch.cfg") in paths
+
+
+def test_the_shortlist_takes_the_sweeps_best_and_the_models_best_in_turn(tuned):
+    url, space, _ = tuned
+    study = optuna.load_study(study_name="c", storage=url)
+    candidates, _ = select_candidates(study, 2, space)
+    records = StudyStore(study).trials()
+    feasible = [t for t in records if t.feasible]
+    by_model = model_order(study, space, feasible)
+    assert len(by_model) == len(feasible)
+    programs = [c.program_hash for c in candidates]
+    assert by_model[0].program_hash in programs
+    assert len(select_candidates(study, 2)[0]) <= 3  # without the space: the sweep's order only
