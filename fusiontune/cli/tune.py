@@ -31,6 +31,13 @@ def add_parser(sub: Any) -> None:
         help="total finished trials to reach, >= 1 (default: the space's)",
     )
     p.add_argument(
+        "--runs",
+        metavar="N",
+        type=int_at_least("--runs", 1),
+        help="a command target's budget of job runs for this call; with racing, the runs a"
+        " raced-out trial saves pay for new trials (whichever of --trials and --runs comes first)",
+    )
+    p.add_argument(
         "--timeout",
         metavar="DURATION",
         type=duration("--timeout"),
@@ -57,7 +64,9 @@ def add_parser(sub: Any) -> None:
         help="study name, and the folder results/<NAME>/ (default: the space's name)",
     )
     p.add_argument(
-        "--sampler", metavar="NAME", help="tpe, fusion, random, grid or nsga2 (default: the space's)"
+        "--sampler",
+        metavar="NAME",
+        help="tpe, fusion, random, grid or nsga2 (default: the space's)",
     )
     p.add_argument(
         "--seed",
@@ -90,6 +99,7 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
         space=Path(args.space),
         trials=args.trials,
         timeout_s=args.timeout,
+        runs=args.runs,
         workers=args.workers,
         ray_address=args.ray_address,
         storage=args.storage,

@@ -40,6 +40,9 @@ class TuneOptions:
         space: the search space file (``search_spaces/*.toml``).
         trials: total finished trials to reach (>= 1).
         timeout_s: wall-time budget in seconds (> 0).
+        runs: a budget of job runs for this call (a command target, >= 1): with racing, the
+            runs a raced-out trial saves pay for new trials (set ``trials`` above what the runs
+            pay for without racing); the sweep stops at whichever budget comes first.
         workers: 0 evaluates in this process; K >= 1 uses K Ray workers.
         ray_address: join this running Ray cluster instead of starting one.
         storage: the study's SQLAlchemy URL (default ``sqlite:///results/<study>/study.db``).
@@ -55,6 +58,7 @@ class TuneOptions:
     space: Path
     trials: int | None = None
     timeout_s: float | None = None
+    runs: int | None = None
     workers: int | None = None
     ray_address: str | None = None
     storage: str | None = None
@@ -69,7 +73,7 @@ class TuneOptions:
     def __post_init__(self) -> None:
         from fusiontune.workloads.space import STUDY_NAME_RULE, is_study_name
 
-        for name, low in (("trials", 1), ("workers", 0), ("seed", 0), ("top_k", 0)):
+        for name, low in (("trials", 1), ("runs", 1), ("workers", 0), ("seed", 0), ("top_k", 0)):
             value = getattr(self, name)
             if value is not None and value < low:
                 raise UserError(f"{name} must be >= {low}, got {value}")
@@ -99,6 +103,11 @@ def tune_command(options: TuneOptions) -> int:
 
     quiet_optuna()
     space = load_space(options.space)
+    if options.runs is not None and space.target is None:
+        raise UserError(
+            f"{options.space}: runs budgets job runs of a command target; this space measures"
+            f" the built-in workload {space.workload!r} (use trials or timeout)"
+        )
     n_trials = space.trials if options.trials is None else options.trials
     if n_trials < 1:
         raise UserError(f"trials must be at least 1, got {n_trials}")
@@ -116,7 +125,16 @@ def tune_command(options: TuneOptions) -> int:
     memory.start()
     try:
         return _tune(
-            options, space, n_trials, timeout_s, workers, study_name, results_dir, storage_url, top_k, memory
+            options,
+            space,
+            n_trials,
+            timeout_s,
+            workers,
+            study_name,
+            results_dir,
+            storage_url,
+            top_k,
+            memory,
         )
     finally:
         memory.stop()  # idempotent: the sampler thread never outlives the command
@@ -174,6 +192,7 @@ def _tune(
             seed=seed,
             batch_size=max(1, workers) if not options.replay else 1,
             progress=options.progress,
+            max_runs=options.runs,
         )
     except KeyboardInterrupt:
         print(
@@ -240,7 +259,9 @@ def _confirmation_is_current(storage_url: str, study_name: str) -> bool:
     confirmation = store.confirmation()
     if confirmation is None or confirmation.finished != store.count_finished():
         return False
-    print(f"confirmation of all {confirmation.finished} trials already recorded (by another driver): reused")
+    print(
+        f"confirmation of all {confirmation.finished} trials already recorded (by another driver): reused"
+    )
     print(format_confirmation(confirmation))
     return True
 

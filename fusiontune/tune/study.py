@@ -82,6 +82,7 @@ STOP_TIMEOUT = "timeout"
 STOP_INTERRUPTED = "interrupted"
 STOP_GRID = "grid exhausted"
 STOP_WHEN = "stop_when"
+STOP_RUNS = "runs"
 # How often a driver waiting for other drivers' trials looks again.
 _PEER_POLL_S = 0.5
 
@@ -97,8 +98,8 @@ class TuneResult:
         n_new: trials this call finished.
         best_trial: number of the fastest feasible trial, None when there is none.
         best_median_s: its median runtime.
-        stopped_reason: ``budget``, ``timeout``, ``interrupted``, ``grid exhausted`` or
-            ``stop_when``.
+        stopped_reason: ``budget``, ``timeout``, ``interrupted``, ``grid exhausted``,
+            ``stop_when`` or ``runs`` (the job-run budget).
         window: this call's window (the ``Baseline.window`` of the baselines it measured).
         runs: job runs a command target made for this call's trials (0 for other evaluators).
         runs_saved: job runs racing saved (``repeats`` minus the runs made, over the trials
@@ -161,6 +162,7 @@ def run_tune(
     progress: bool = True,
     graph: Graph | None = None,
     stop_when: Callable[[FrozenTrial], bool] | None = None,
+    max_runs: int | None = None,
 ) -> TuneResult:
     """Search ``space`` until the study holds ``n_trials`` finished trials, or time runs out.
 
@@ -180,6 +182,10 @@ def run_tune(
             command target has none: a configuration's key stands for its program).
         stop_when: called with every trial told; when it returns True the loop stops after
             the batch in flight (``stopped_reason`` "stop_when"), e.g. once a target is reached.
+        max_runs: a budget of job runs for this call (a command target; racing's saved runs go
+            to new trials): no batch starts once the runs made reach it, and a batch holds at
+            most the trials its remaining runs pay for at ``repeats`` each (the enqueued
+            baselines' runs count; the periodic re-measurements of the baselines do not).
 
     Returns:
         The study's state at the end of this call.
@@ -214,7 +220,9 @@ def run_tune(
         graph = space_workload(space).graph
     batch = batch_size or int(getattr(evaluator, "workers", 0) or 1)
     sweep = _Sweep(store, space, evaluator, choice, graph, sampler_name == "grid", stop_when)
-    return sweep.run(n_trials, timeout_s, max(1, batch), progress, display_url(storage_url))
+    return sweep.run(
+        n_trials, timeout_s, max(1, batch), progress, display_url(storage_url), max_runs
+    )
 
 
 # ---- the study: compatibility and attributes ---------------------------------------------------
@@ -331,7 +339,13 @@ class _Sweep:
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(
-        self, n_trials: int, timeout_s: float | None, batch: int, progress: bool, url: str
+        self,
+        n_trials: int,
+        timeout_s: float | None,
+        batch: int,
+        progress: bool,
+        url: str,
+        max_runs: int | None = None,
     ) -> TuneResult:
         with self.store.lock():
             self.store.fail_stale_trials()
@@ -357,11 +371,14 @@ class _Sweep:
                 if deadline is not None and time.monotonic() >= deadline:
                     reason = STOP_TIMEOUT
                     break
+                if max_runs is not None and self.runs >= max_runs:
+                    reason = STOP_RUNS
+                    break
                 sampler: Any = self.choice.sampler
                 if self.is_grid and sampler.is_exhausted(self.study):
                     reason = STOP_GRID
                     break
-                asked = self._ask_share(batch, n_trials)
+                asked = self._ask_share(self._runs_paid_for(batch, max_runs), n_trials)
                 if asked is None:  # the budget is given out; others may still be measuring
                     reason = STOP_BUDGET
                     if not self._wait_for_peers(stop, deadline):
@@ -386,6 +403,13 @@ class _Sweep:
             self.runs_saved,
             self.raced_out,
         )
+
+    def _runs_paid_for(self, batch: int, max_runs: int | None) -> int:
+        """The batch size the remaining job runs pay for (``repeats`` runs a trial)."""
+        if max_runs is None or self.space.target is None:
+            return batch
+        repeats = max(1, self.space.target.repeats)
+        return max(1, min(batch, -(-(max_runs - self.runs) // repeats)))
 
     def _ask_share(self, batch: int, n_trials: int) -> list[optuna.Trial] | None:
         """Ask and stamp this driver's next trials under the study lock; None when the budget is

@@ -24,7 +24,7 @@ from fusiontune.tune.records import EvalRequest, EvalResult
 from fusiontune.tune.store import StudyStore
 from fusiontune.workloads.space import SearchSpace, load_space
 
-JOB = '''
+JOB = """
 import json, sys
 from pathlib import Path
 
@@ -40,7 +40,7 @@ for name in on:
     runtime *= SPEED.get(name, 1.0)
 error = 1e-2 if "BadPass" in on else 1e-4
 print(json.dumps({"runtime_s": runtime * NOISE[run % len(NOISE)], "error": error}))
-'''
+"""
 
 SPACE = """
 [target]
@@ -101,7 +101,9 @@ def race(result: EvalResult, **fields: object) -> dict[str, object]:
 def test_a_clearly_slower_configuration_stops_after_two_runs(
     space: SearchSpace, incumbent: EvalResult, tmp_path: Path
 ) -> None:
-    (slow,) = run_trials(tmp_path, EvalRequest(1, config(space, "FastPass", "SlowPass"), **race(incumbent)))
+    (slow,) = run_trials(
+        tmp_path, EvalRequest(1, config(space, "FastPass", "SlowPass"), **race(incumbent))
+    )
     assert slow.ok and slow.raced_out and slow.runs == 2
     assert slow.median_s == pytest.approx(0.7 * 1.5 * 1.005)  # the median of the runs made
     assert len(slow.samples_s) == 2
@@ -120,14 +122,20 @@ def test_the_incumbent_and_near_ties_run_every_repeat(
         tmp_path,
         EvalRequest(1, config(space, "FastPass"), **race(incumbent)),
         EvalRequest(2, config(space, "FastPass", "TiePass"), **race(incumbent)),
-        EvalRequest(3, FusionConfig.all_off(space.passes).with_switches(FastPass=True, BadPass=True), **race(incumbent)),
+        EvalRequest(
+            3,
+            FusionConfig.all_off(space.passes).with_switches(FastPass=True, BadPass=True),
+            **race(incumbent),
+        ),
     )
     for result in (same, tie, faster):
         assert result.ok and result.runs == 5 and not result.raced_out
     assert same.samples_s == incumbent.samples_s
 
 
-def test_an_error_above_the_bound_stops_after_the_first_run(space: SearchSpace, tmp_path: Path) -> None:
+def test_an_error_above_the_bound_stops_after_the_first_run(
+    space: SearchSpace, tmp_path: Path
+) -> None:
     (bad,) = run_trials(tmp_path, EvalRequest(1, config(space, "BadPass"), race_bound=space.bound))
     assert bad.ok and bad.raced_out and bad.runs == 1
     assert bad.reported["error"] == pytest.approx(1e-2)  # infeasible as measured
@@ -147,7 +155,9 @@ def test_a_request_without_an_incumbent_or_on_another_node_runs_every_repeat(
     assert not plain.raced_out and not elsewhere.raced_out
 
 
-def test_racing_fields_survive_the_record(space: SearchSpace, incumbent: EvalResult, tmp_path: Path) -> None:
+def test_racing_fields_survive_the_record(
+    space: SearchSpace, incumbent: EvalResult, tmp_path: Path
+) -> None:
     (slow,) = run_trials(tmp_path, EvalRequest(1, config(space, "SlowPass"), **race(incumbent)))
     again = EvalResult.from_json(json.loads(json.dumps(slow.to_json())))
     assert (again.runs, again.raced_out) == (2, True)
@@ -167,7 +177,12 @@ def test_racing_is_a_switch_of_the_target(tmp_path: Path) -> None:
 # ---- the sweep and the confirmation ---------------------------------------------------------------
 def tune(tmp_path: Path, trials: int, *extra: str) -> tuple[list, str]:
     path = tmp_path / "job.toml"
-    assert main(["tune", str(path), "--workers", "0", "--trials", str(trials), "--no-progress", *extra]) == 0
+    assert (
+        main(
+            ["tune", str(path), "--workers", "0", "--trials", str(trials), "--no-progress", *extra]
+        )
+        == 0
+    )
     storage = f"sqlite:///{tmp_path / 'results' / 'job' / 'study.db'}"
     study = optuna.load_study(study_name="job", storage=storage)
     return StudyStore(study).trials(), storage
@@ -198,14 +213,21 @@ def test_tune_races_out_slow_trials_and_resumes(tmp_path: Path, monkeypatch, cap
     assert all(t.state == "COMPLETE" for t in trials)
 
 
-def test_a_trial_raced_out_keeps_its_measurement_and_feasibility(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_a_trial_raced_out_keeps_its_measurement_and_feasibility(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     monkeypatch.chdir(tmp_path)
     write_space(tmp_path)
     trials, storage = tune(tmp_path, 8, "--no-confirm")
     capsys.readouterr()
     baselines = StudyStore(optuna.load_study(study_name="job", storage=storage)).baselines()
     # What the first trials raced against: the window's feasible baselines (all-off here).
-    known = [r.median_s for b in baselines for r in (b.defaults, b.all_off) if r.ok and r.reported["error"] <= 1e-3]
+    known = [
+        r.median_s
+        for b in baselines
+        for r in (b.defaults, b.all_off)
+        if r.ok and r.reported["error"] <= 1e-3
+    ]
     raced = 0
     for t in sorted(trials, key=lambda t: t.number):
         assert t.result is not None
@@ -226,7 +248,9 @@ def test_without_racing_every_trial_runs_every_repeat(tmp_path: Path, monkeypatc
     write_space(tmp_path, racing=False)
     trials, _ = tune(tmp_path, 6, "--no-confirm")
     assert "racing:" not in capsys.readouterr().err
-    assert all(t.result is not None and t.result.runs == 5 and not t.result.raced_out for t in trials)
+    assert all(
+        t.result is not None and t.result.runs == 5 and not t.result.raced_out for t in trials
+    )
 
 
 def test_the_confirmation_stops_rerunning_a_clearly_slower_candidate(
@@ -250,7 +274,33 @@ def test_the_confirmation_stops_rerunning_a_clearly_slower_candidate(
         assert not (tmp_path / "results" / "job" / "confirm" / "round1" / str(row.trial)).exists()
 
 
-def test_an_incumbent_with_impossible_runtimes_is_no_race(space: SearchSpace, tmp_path: Path) -> None:
+def test_an_incumbent_with_impossible_runtimes_is_no_race(
+    space: SearchSpace, tmp_path: Path
+) -> None:
     slow = config(space, "SlowPass")
     (result,) = run_trials(tmp_path, EvalRequest(1, slow, race_against=(0.0, -1.0)))
     assert result.ok and result.runs == 5 and not result.raced_out
+
+
+def test_a_runs_budget_spends_the_runs_racing_saves_on_new_trials(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_space(tmp_path)
+    trials, _ = tune(tmp_path, 100, "--no-confirm", "--runs", "25")
+    out = capsys.readouterr().out
+    assert "stopped on runs" in out
+    results = [t.result for t in trials if t.result is not None and t.reused_from is None]
+    runs = sum(r.runs for r in results)
+    assert 25 <= runs < 25 + 5  # one trial of 5 runs at most past the budget
+    assert any(r.raced_out for r in results)
+    assert len(results) > 25 // 5  # more trials than the runs pay for without racing
+    assert len(trials) < 100
+
+
+def test_a_runs_budget_needs_a_command_target(tmp_path: Path, capsys) -> None:
+    space = tmp_path / "mlp.toml"
+    space.write_text('[workload]\nname = "mlp"\n[passes]\nsearch = ["GeluFusionPass"]\n')
+    assert main(["tune", str(space), "--runs", "10", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs budgets job runs of a command target" in err[0]
