@@ -50,16 +50,16 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import Study
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 from scipy.special import ndtr
 
-from fusiontune.tune.store import TrialRecord
+from fusiontune.tune._history import MARGIN_CLIP, History
+from fusiontune.tune.designs import two_level_design
 from fusiontune.tune.surrogate import BayesianLinearModel, Coding
 
 if TYPE_CHECKING:
     from fusiontune.workloads.space import SearchSpace
 
-MARGIN_CLIP = 3.0  # |log(error / bound)| beyond this says nothing more about feasibility
 CULPRIT_PRIOR = MARGIN_CLIP  # a culprit switched on moves the margin by 2x this: from -3 to +3
 INEXACT_PRIOR = 1.0  # an inexact pass switched on: expected to raise the margin by 2
 
@@ -227,7 +227,7 @@ class FusionSampler(BaseSampler):
     def propose(self, trials: Sequence[FrozenTrial], number: int) -> np.ndarray:
         """The level vector (an index into each dimension's choices) for trial ``number``."""
         rng = np.random.default_rng([self.seed, number])
-        hist = _History(self, [t for t in trials if t.number != number])
+        hist = History(self, [t for t in trials if t.number != number])
         design = self._design(hist)
         if design:
             return hist.canonical(design[0][None, :])[0]
@@ -238,7 +238,7 @@ class FusionSampler(BaseSampler):
                 return choice
         return self._random_fresh(hist, rng)
 
-    def _design(self, hist: _History) -> list[np.ndarray]:
+    def _design(self, hist: History) -> list[np.ndarray]:
         """The initial design's points that no trial holds yet (the first is proposed)."""
         active = [k for k in range(len(self._sizes)) if k not in hist.inert]
         culprit_dims = {self.coding.names.index(f"pass.{c}") for c in self._known_culprits()}
@@ -256,7 +256,7 @@ class FusionSampler(BaseSampler):
         return [p for p, fresh in zip(rows, hist.fresh(np.array(rows)), strict=True) if fresh]
 
     def _screening(
-        self, hist: _History, active: list[int], culprit_dims: set[int]
+        self, hist: History, active: list[int], culprit_dims: set[int]
     ) -> list[np.ndarray]:
         """A two-level orthogonal array (Plackett-Burman), one column per active dimension: every
         main effect is estimated from all N runs, not from two. A split point's "+" runs cycle
@@ -279,7 +279,7 @@ class FusionSampler(BaseSampler):
         return rows
 
     def _one_at_a_time(
-        self, hist: _History, active: list[int], culprit_dims: set[int]
+        self, hist: History, active: list[int], culprit_dims: set[int]
     ) -> list[np.ndarray]:
         """Each active dimension flipped once from the defaults (from all-off when the defaults
         break the bound and all-off holds it)."""
@@ -304,7 +304,7 @@ class FusionSampler(BaseSampler):
         return out
 
     def _thompson(
-        self, hist: _History, rng: np.random.Generator, greedy: bool = False
+        self, hist: History, rng: np.random.Generator, greedy: bool = False
     ) -> np.ndarray | None:
         """Minimise a posterior draw of log runtime over the fresh points predicted feasible."""
         runtime = BayesianLinearModel(block=self.coding.block, **self.model_options)
@@ -356,14 +356,14 @@ class FusionSampler(BaseSampler):
             trial number -> predicted log runtime; empty with fewer than 3 measured trials or
             a runtime that is not positive.
         """
-        hist = _History(self, trials)
+        hist = History(self, trials)
         if len(hist.y) < 3 or not hist.log:
             return {}
         runtime = BayesianLinearModel(block=self.coding.block, **self.model_options)
         mean, _ = runtime.fit(hist.X, hist.y, hist.noise).predict(hist.X)
         return {n: float(m) for n, m in zip(hist.numbers, mean, strict=True)}
 
-    def _feasibility(self, hist: _History) -> BayesianLinearModel | None:
+    def _feasibility(self, hist: History) -> BayesianLinearModel | None:
         if not len(hist.z):
             return None
         prior = np.zeros(self.coding.n_features)
@@ -382,7 +382,7 @@ class FusionSampler(BaseSampler):
         )
         return model.fit(hist.Xz, hist.z)
 
-    def _likely_culprits(self, hist: _History) -> set[int]:
+    def _likely_culprits(self, hist: History) -> set[int]:
         """Switches the feasibility model says break the bound: switching one on raises
         ``log(error / bound)`` by more than 1 with 90% probability."""
         feas = self._feasibility(hist)
@@ -402,14 +402,14 @@ class FusionSampler(BaseSampler):
     def _n_points(self) -> int:
         return math.prod(int(s) for s in self._sizes)
 
-    def _enumerate(self, hist: _History) -> np.ndarray:
+    def _enumerate(self, hist: History) -> np.ndarray:
         if self._grid is None:
             self._grid = np.indices(tuple(self._sizes)).reshape(len(self._sizes), -1).T
         grid = hist.canonical(self._grid)
         _, first = np.unique(self.codes(grid), return_index=True)
         return grid[np.sort(first)]
 
-    def _local_search(self, hist: _History, score: Any, rng: np.random.Generator) -> np.ndarray:
+    def _local_search(self, hist: History, score: Any, rng: np.random.Generator) -> np.ndarray:
         """Steepest descent over one-dimension moves from the best points held and random
         starts; returns every point visited and the neighbours of where each descent ended."""
         starts = [hist.levels[i] for i in np.argsort(hist.y)[:5]] if len(hist.y) else []
@@ -432,7 +432,7 @@ class FusionSampler(BaseSampler):
         _, first = np.unique(self.codes(pool), return_index=True)
         return pool[np.sort(first)]
 
-    def _neighbours(self, point: np.ndarray, hist: _History) -> np.ndarray:
+    def _neighbours(self, point: np.ndarray, hist: History) -> np.ndarray:
         rows = [point]
         for k, size in enumerate(self._sizes):
             for level in range(size):
@@ -445,7 +445,7 @@ class FusionSampler(BaseSampler):
     def _random(self, rng: np.random.Generator) -> np.ndarray:
         return np.array([rng.integers(s) for s in self._sizes])
 
-    def _random_fresh(self, hist: _History, rng: np.random.Generator) -> np.ndarray:
+    def _random_fresh(self, hist: History, rng: np.random.Generator) -> np.ndarray:
         """A random new program; once every program is held, a point whose parameters no trial
         holds (the loop answers it from the measurement of its program)."""
         raw = np.array([self._random(rng) for _ in range(256)])
@@ -508,214 +508,7 @@ def _index(choices: Sequence[Any], value: Any) -> int:
     return choices.index(value) if value in choices else 0
 
 
-class _History:
-    """What the study's trials say, in the sampler's terms, rebuilt on every ask."""
-
-    def __init__(self, sampler: FusionSampler, trials: Sequence[FrozenTrial]) -> None:
-        self.s = sampler
-        rows: list[tuple[np.ndarray, FrozenTrial, TrialRecord]] = []
-        for t in trials:
-            levels = sampler._levels(t.params)
-            if levels is None:  # another space's trial, or not yet given its parameters
-                continue
-            rows.append((levels, t, TrialRecord.from_trial(t)))
-        self.first = next((lv for lv, t, _ in rows if t.state == TrialState.COMPLETE), None)
-        self.inert = self._inert(rows)
-        held = [
-            lv
-            for lv, t, r in rows
-            if not (t.state == TrialState.FAIL and (r.interrupted or r.result is None))
-        ]
-        self.held = self.codes(np.array(held)) if held else np.zeros(0, dtype=np.int64)
-        self.held_raw = sampler.codes(np.array(held)) if held else np.zeros(0, dtype=np.int64)
-        # trials the sampler proposed (not enqueued), measured or pending: the design's progress
-        self.sampled = sum(
-            1
-            for _, t, r in rows
-            if not r.role
-            and not t.system_attrs.get("fixed_params")
-            and not (t.state == TrialState.FAIL and (r.interrupted or r.result is None))
-        )
-        y, noise, levels_y, z, levels_z = [], [], [], [], []
-        self.numbers: list[int] = []  # the trial of each runtime observation
-        for lv, t, r in rows:
-            margin = self._margin(t, r)
-            if t.state == TrialState.COMPLETE and t.values:
-                y.append(float(t.values[0]))
-                self.numbers.append(t.number)
-                noise.append(_spread(r))
-                levels_y.append(lv)
-            if margin is not None:
-                z.append(margin)
-                levels_z.append(lv)
-        self.levels = np.array(levels_y).reshape(len(levels_y), len(sampler._sizes))
-        y_arr = np.array(y, dtype=float)
-        self.log = bool(len(y_arr)) and bool(np.all(y_arr > 0))
-        self.y = np.log(y_arr) if self.log else y_arr
-        self.noise = np.array(noise) if self.log else None
-        self.X = sampler._features(self.levels)
-        self.z = np.array(z, dtype=float)
-        self.levels_z = np.array(levels_z).reshape(len(levels_z), len(sampler._sizes))
-        self.Xz = sampler._features(self.levels_z)
-
-    def _inert(self, rows: Sequence[tuple[np.ndarray, FrozenTrial, TrialRecord]]) -> set[int]:
-        """Switches that ran and matched nothing in every measured trial where they were on.
-
-        A pass with a searched split point may match only once cut, so it counts as inert only
-        when it also matched nothing in a trial where one of its split points was cut.
-        """
-        s = self.s
-        out = set()
-        for k, name in enumerate(s.coding.names):
-            if not s.coding.switches[k]:
-                continue
-            pass_name = name[len("pass.") :]
-            splits = np.flatnonzero(s._owner == k)
-            seen = False
-            for lv, _, r in rows:
-                if lv[k] == s._off[k] or not r.measured or r.result is None:
-                    continue
-                fusion = r.result.fusion
-                if pass_name not in fusion.passes_run:
-                    continue
-                if fusion.matched(pass_name) > 0:
-                    break
-                seen = seen or not len(splits) or bool(np.any(lv[splits] > 0))
-            else:
-                if seen:
-                    out.add(k)
-        return out
-
-    def observed_culprits(self) -> set[int]:
-        """Switches seen to break the bound on their own: two observations that differ only in
-        that switch, the one with it on infeasible and the other feasible (e.g. the defaults and
-        the enqueued ``only:<Pass>`` trial)."""
-        s = self.s
-        lv, z = self.canonical(self.levels_z), self.z
-        out = set()
-        for a in np.flatnonzero(z > 0):
-            diff = lv != lv[a]
-            for b in np.flatnonzero((z <= 0) & (diff.sum(axis=1) == 1)):
-                k = int(np.flatnonzero(diff[b])[0])
-                if s.coding.switches[k] and lv[a, k] != s._off[k]:
-                    out.add(k)
-        return out
-
-    def _margin(self, t: FrozenTrial, r: TrialRecord) -> float | None:
-        """``clip(log(error / bound))``; +clip for a failed evaluation; None when unknown."""
-        if t.state == TrialState.FAIL:
-            return None if (r.interrupted or r.result is None) else MARGIN_CLIP
-        if t.state != TrialState.COMPLETE or r.constraint is None:
-            return None
-        bound = self.s.bound
-        if bound is not None and bound > 0:
-            error = max(r.constraint + bound, bound * math.exp(-MARGIN_CLIP))
-            margin = math.log(error / bound)
-        else:
-            margin = r.constraint
-        return float(np.clip(margin, -MARGIN_CLIP, MARGIN_CLIP))
-
-    def _rows_of(self, levels: np.ndarray) -> np.ndarray:
-        if not len(self.z):
-            return np.zeros(0, dtype=bool)
-        return np.all(self.levels_z == self.canonical(levels[None, :])[0], axis=1) | np.all(
-            self.levels_z == levels, axis=1
-        )
-
-    def knows(self, levels: np.ndarray) -> bool:
-        """Whether the feasibility of ``levels`` was observed."""
-        return bool(self._rows_of(levels).any())
-
-    def infeasible(self, levels: np.ndarray) -> bool:
-        """Observed to break the bound (or fail)."""
-        rows = self._rows_of(levels)
-        return bool(rows.any()) and bool(np.all(self.z[rows] > 0))
-
-    def canonical(self, levels: np.ndarray) -> np.ndarray:
-        """The same programs' representative: inert passes off, splits of off passes uncut."""
-        out = np.array(levels, copy=True)
-        s = self.s
-        for k in self.inert:
-            out[:, k] = s._off[k]
-        for k, owner in enumerate(s._owner):
-            if owner >= 0:
-                out[:, k] = np.where(out[:, owner] == s._off[owner], 0, out[:, k])
-        return out
-
-    def codes(self, levels: np.ndarray) -> np.ndarray:
-        """The codes of the canonical forms of ``levels`` (rows)."""
-        return self.s.codes(self.canonical(np.asarray(levels).reshape(-1, len(self.s._sizes))))
-
-    def fresh(self, levels: np.ndarray) -> np.ndarray:
-        """Which rows no trial holds (as the same program)."""
-        codes = self.codes(levels)
-        if codes.dtype == object:
-            held = set(self.held.tolist())
-            return np.array([c not in held for c in codes], dtype=bool)
-        return ~np.isin(codes, self.held)
-
-
-def _spread(r: TrialRecord) -> float:
-    """The sd of a measured log runtime: from the 95% interval of its median, else its IQR or CV."""
-    res = r.result
-    if res is None or not res.ok or not res.median_s > 0:
-        return math.nan
-    if math.isfinite(res.ci_low_s) and math.isfinite(res.ci_high_s) and res.ci_low_s > 0:
-        return (math.log(res.ci_high_s) - math.log(res.ci_low_s)) / (2 * 1.96)
-    n = max(1, len(res.samples_s))
-    # the sd of a median is about 1.25 sd / sqrt(n); a sample's sd from its IQR or its CV
-    if math.isfinite(res.iqr_s) and res.iqr_s > 0:
-        return 1.25 * res.iqr_s / res.median_s / 1.349 / math.sqrt(n)
-    if math.isfinite(res.cv) and res.cv > 0:
-        return 1.25 * res.cv / math.sqrt(n)
-    return math.nan
-
-
 def space_culprits(space: SearchSpace, results_root: str | Path = "results") -> tuple[str, ...]:
     """The culprits of ``results/<space name>/bisect.json`` (what ``fusiontune bisect SPACE``
     writes), when that file exists; ()."""
     return bisect_culprits(Path(results_root) / space.name / "bisect.json")
-
-
-# ---- two-level orthogonal arrays -------------------------------------------------------------
-def two_level_design(k: int) -> np.ndarray:
-    """A Plackett-Burman design for ``k`` two-level factors: N x k of +-1, balanced, orthogonal.
-
-    N is the smallest size >= k + 1 among the Sylvester (4, 8, 16, 32, 64) and Paley (q + 1 for
-    a prime q = 3 mod 4: 12, 20, 24, 44, 48, ...) Hadamard matrices; the factors are columns
-    1..k of the normalised matrix (column 0, all +1, is the mean).
-    """
-    n = 4
-    while True:
-        # Paley sizes first: a Sylvester design is a regular fraction, where every pair's
-        # product is exactly another column (a pair fully aliased with a main effect).
-        if (_is_prime(n - 1) and (n - 1) % 4 == 3) or (n & (n - 1) == 0 and n > 2 * k):
-            if n >= k + 1:
-                break
-        n += 4
-    h = _sylvester(n) if n & (n - 1) == 0 else _paley(n - 1)
-    h = h * h[:, :1]  # rows normalised: column 0 all +1
-    return h[:, 1 : k + 1]
-
-
-def _sylvester(n: int) -> np.ndarray:
-    h = np.ones((1, 1))
-    while len(h) < n:
-        h = np.block([[h, h], [h, -h]])
-    return h
-
-
-def _paley(q: int) -> np.ndarray:
-    residues = {(i * i) % q for i in range(1, q)}
-    chi = np.array([0.0] + [1.0 if a in residues else -1.0 for a in range(1, q)])
-    idx = np.arange(q)
-    jac = chi[(idx[None, :] - idx[:, None]) % q]
-    s = np.zeros((q + 1, q + 1))
-    s[0, 1:] = 1.0
-    s[1:, 0] = -1.0
-    s[1:, 1:] = jac
-    return s + np.eye(q + 1)
-
-
-def _is_prime(m: int) -> bool:
-    return m >= 2 and all(m % d for d in range(2, int(math.isqrt(m)) + 1))

@@ -18,12 +18,8 @@ from optuna.trial import TrialState
 
 from fusiontune.passes.base import FusionReport
 from fusiontune.tune.evaluator import LocalEvaluator
-from fusiontune.tune.fusion_sampler import (
-    FusionSampler,
-    bisect_culprits,
-    space_culprits,
-    two_level_design,
-)
+from fusiontune.tune.designs import two_level_design
+from fusiontune.tune.fusion_sampler import FusionSampler, bisect_culprits, space_culprits
 from fusiontune.tune.records import EvalResult, EvalStatus
 from fusiontune.tune.samplers import SAMPLERS, make_sampler
 from fusiontune.tune.store import CONSTRAINT, RESULT, TrialRecord
