@@ -17,8 +17,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from fusiontune.passes.base import FusionReport
-from fusiontune.tune.evaluator import LocalEvaluator
 from fusiontune.tune.designs import two_level_design
+from fusiontune.tune.evaluator import LocalEvaluator
 from fusiontune.tune.fusion_sampler import FusionSampler, bisect_culprits, space_culprits
 from fusiontune.tune.records import EvalResult, EvalStatus
 from fusiontune.tune.samplers import SAMPLERS, make_sampler
