@@ -9,7 +9,9 @@ of :func:`fusiontune.measure.describe_noise`, and the speedup against all-off is
 unreliable. Building, checking and timing go through the tuning loop's own path
 (:func:`fusiontune.tune.evaluate.build_candidate`, :func:`~fusiontune.tune.evaluate.check_and_time`).
 It writes ``fusion_result.json`` for the run and, with
-``--save-outputs FILE.npz``, the fused program's outputs keyed by output name. An ONNX model runs
+``--save-outputs FILE.npz``, the fused program's outputs keyed by output name. With ``--profile``
+it times every kernel of the program in place and prints where the time goes, kernel by kernel,
+against the roofline (:mod:`fusiontune.measure.profile`). An ONNX model runs
 on random inputs, or on the arrays of ``--inputs FILE.npz`` (see
 :mod:`fusiontune.workloads.onnx_model`).
 """
@@ -42,6 +44,7 @@ from fusiontune.measure import (
     noise_ratio,
     time_interleaved,
 )
+from fusiontune.measure.profile import ProfileReport, format_profile, profile_program
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.passes.registry import lookup
 from fusiontune.runtime import Program
@@ -76,6 +79,8 @@ class RunOptions:
         out_dir: where ``fusion_result.json`` goes (default ``results/run_<workload>``).
         dump_graphs: write text and DOT dumps of every stage there.
         json: print one JSON record instead of the human summary.
+        profile: also time every kernel in place and print the profile (its record in ``json``).
+        profile_top: print only this many of the slowest kernels (needs ``profile``); None: all.
     """
 
     workload: str
@@ -92,12 +97,20 @@ class RunOptions:
     out_dir: Path | None = None
     dump_graphs: Path | None = None
     json: bool = False
+    profile: bool = False
+    profile_top: int | None = None
 
     def __post_init__(self) -> None:
         if self.config_file is not None and self.flags is not None:
             raise UserError("a run takes a configuration file or flags, not both")
         if self.repeat is not None and self.repeat < 1:
             raise UserError(f"repeat must be >= 1, got {self.repeat}")
+        if self.profile_top is not None and not self.profile:
+            raise UserError("--profile-top N shortens the table of --profile: give --profile too")
+        if self.profile_top is not None and self.profile_top < 1:
+            raise UserError(f"--profile-top must be >= 1, got {self.profile_top}")
+        if self.profile_top is not None and self.json:
+            raise UserError("--profile-top shortens the printed table; --json records every kernel")
 
 
 @dataclass(frozen=True)
@@ -302,9 +315,12 @@ def run_command(options: RunOptions) -> int:
     versus = (
         _compare_all_off(workload, result.program, measure) if options.vs_all_off else None
     )
+    profile = profile_program(result.program, workload.inputs) if options.profile else None
     record = _record(
         result, versus, fr_path, options.dump_graphs, time.perf_counter() - t0, measure
     )
+    if profile is not None:
+        record["profile"] = _profile_record(profile)
     if inputs_file is not None:
         record["inputs_file"] = str(inputs_file)
         record["random_inputs"] = drawn
@@ -315,8 +331,19 @@ def run_command(options: RunOptions) -> int:
             print(line, file=sys.stderr)
         print(json.dumps(record, indent=2))
     else:
-        _print_human(result, record)
+        _print_human(result, record, profile, options.profile_top)
     return 0
+
+
+def _profile_record(profile: ProfileReport) -> dict[str, Any]:
+    """The profile's record with the sums a reader wants without adding them up."""
+    return {
+        **profile.to_json(),
+        "kernel_sum_s": profile.kernel_sum_s,
+        "overhead_s": profile.overhead_s,
+        "overhead_per_kernel_s": profile.overhead_per_kernel_s,
+        "by_kind_s": {kind: s for kind, (_, s) in profile.by_kind().items()},
+    }
 
 
 def _record(
@@ -392,7 +419,12 @@ def _noise_lines(rec: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _print_human(r: RunResult, rec: dict[str, Any]) -> None:
+def _print_human(
+    r: RunResult,
+    rec: dict[str, Any],
+    profile: ProfileReport | None = None,
+    top: int | None = None,
+) -> None:
     sizes = " ".join(f"{k}={v}" for k, v in r.params.items())
     print(
         f"workload  {r.workload}  {sizes}  (graph {rec['graph_hash']}, config {rec['config_key']})"
@@ -433,6 +465,9 @@ def _print_human(r: RunResult, rec: dict[str, Any]) -> None:
         )
         if v["noisy"]:
             print(v["noise"])
+    if profile is not None:
+        for line in format_profile(profile, top):
+            print(line)
     for name, arr in r.outputs.items():
         if arr.size <= SMALL_OUTPUT:
             print(f"result {name}: {np.array2string(arr, precision=6, suppress_small=False)}")

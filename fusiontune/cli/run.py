@@ -107,6 +107,19 @@ def add_parser(sub: Any) -> None:
         help="where fusion_result.json goes (default results/run_<workload>)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time every kernel in place and print, slowest first, its median, share, kind,"
+        " bytes, FLOPs and %% of the roofline (measured bandwidth and float32 FLOP peak), and the"
+        " sum of the kernels against the whole program",
+    )
+    p.add_argument(
+        "--profile-top",
+        metavar="N",
+        type=int_at_least("--profile-top", 1),
+        help="with --profile: print only the N slowest kernels (the rest summed in one line)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -129,6 +142,8 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         out_dir=path_or_none(args.out),
         dump_graphs=args.dump_graphs,
         json=args.json,
+        profile=args.profile,
+        profile_top=args.profile_top,
     )
 
 

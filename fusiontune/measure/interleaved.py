@@ -24,6 +24,8 @@ def interleaved_timings(
     rounds: int,
     measure: MeasureConfig | None = None,
     min_sample_s: float = MIN_SAMPLE_S,
+    *,
+    rotate: bool = True,
 ) -> list[Timing]:
     """Time every callable once per round, round-robin, starting one further along each round.
 
@@ -35,12 +37,18 @@ def interleaved_timings(
     caches are evicted before every sample). One attempt: nothing is judged or repeated (see
     :func:`fusiontune.measure.time_interleaved`).
 
+    With ``rotate=False`` every round times the callables in list order, so every call of the
+    whole measurement (set-up included) comes in list order: what steps of one computation
+    need, each reading what the one before it wrote (the kernels of a program,
+    :func:`fusiontune.measure.profile.profile_program`).
+
     Args:
         fns: the callables (programs bound to their inputs).
         rounds: samples per callable (at least 1).
         measure: warmup, number, flush_cache and min_repeat_ms are honoured (default
             ``MeasureConfig()``).
         min_sample_s: the shortest sample wanted.
+        rotate: start each round one further along (False: every round in list order).
 
     Returns:
         Per callable, in the order of ``fns``, its timing over its ``rounds`` samples.
@@ -61,7 +69,7 @@ def interleaved_timings(
     n = len(fns)
     for r in range(rounds):
         for j in range(n):
-            i = (r + j) % n
+            i = (r + j) % n if rotate else j
             cfg = MeasureConfig(
                 warmup=0, number=numbers[i], repeat=1, flush_cache=measure.flush_cache
             )

@@ -2,8 +2,8 @@
 
 A fused kernel that moves ``B`` bytes (its minimum traffic: inputs read once, outputs written once)
 and performs ``F`` flops cannot run faster than ``max(B / bandwidth, F / peak_flops)``. The
-bandwidth is *measured* here, with the same machinery the kernels use (a numba ``prange`` loop),
-so "% of bound" compares like with like.
+bandwidth and the peak are *measured* here, with the same machinery the kernels use (a numba
+``prange`` loop; row blocks of single-threaded BLAS sgemm), so "% of bound" compares like with like.
 """
 
 from __future__ import annotations
@@ -80,6 +80,55 @@ def numpy_copy_bandwidth(nbytes: int = _DEFAULT_NBYTES, repeat: int = 5) -> floa
         Bytes per second, counting the bytes read plus the bytes written.
     """
     return _best_copy_rate(np.copyto, nbytes, repeat)
+
+
+_PEAK_ROWS, _PEAK_K, _PEAK_N = 512, 1024, 1024
+
+
+@functools.cache
+def measure_peak_flops(threads: int | None = None, repeat: int = 10) -> float:
+    """The float32 FLOP peak the kernels can reach: a large sgemm as a MatMul kernel runs one.
+
+    What is measured: ``C = A @ B`` with ``A`` of ``threads x 512`` rows by 1024, ``B`` 1024 by
+    1024, split into ``threads`` row blocks of 512, each block one single-threaded BLAS sgemm
+    (scipy's, through :mod:`fusiontune.codegen.blas`, the binding every generated kernel calls),
+    the blocks in parallel in a numba ``prange`` over numba's threads. That is the way a
+    contraction kernel uses the machine (BLAS is held to one thread per process,
+    :mod:`fusiontune.runtime.threads`), so it is the FLOP roof of this process's kernels, not the
+    machine's theoretical peak. Counted as ``2 m n k`` flops; the fastest of ``repeat`` calls,
+    after one untimed call (numba compiles it once per machine, then loads it from its cache).
+    Cached per process and arguments: about 1 s, once.
+
+    Args:
+        threads: numba threads to run on; None: numba's current count (the run's).
+        repeat: timed calls; the fastest counts.
+
+    Returns:
+        Float32 flop/s.
+    """
+    import numba  # lazy: importing fusiontune.measure must not start numba
+
+    from fusiontune.measure._peak import parallel_sgemm
+    from fusiontune.runtime.threads import single_threaded_blas
+
+    single_threaded_blas()
+    chunks = threads or int(numba.get_num_threads())
+    previous = int(numba.get_num_threads())
+    numba.set_num_threads(min(chunks, numba.config.NUMBA_NUM_THREADS))
+    try:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((chunks * _PEAK_ROWS, _PEAK_K), dtype=np.float32)
+        b = rng.standard_normal((_PEAK_K, _PEAK_N), dtype=np.float32)
+        c = np.zeros((chunks * _PEAK_ROWS, _PEAK_N), dtype=np.float32)
+        parallel_sgemm(a, b, c, chunks)
+        best = math.inf
+        for _ in range(max(1, repeat)):
+            t0 = time.perf_counter_ns()
+            parallel_sgemm(a, b, c, chunks)
+            best = min(best, time.perf_counter_ns() - t0)
+    finally:
+        numba.set_num_threads(previous)
+    return 2.0 * chunks * _PEAK_ROWS * _PEAK_K * _PEAK_N / (max(best, 1) * 1e-9)
 
 
 def kernel_bound(

@@ -9,6 +9,7 @@ a plain loop of kernel calls with no allocation and no reshaping.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -187,6 +188,17 @@ class Program:
         """Run every kernel once over the bound inputs."""
         for fn, args in self._calls:
             fn(*args)
+
+    def kernel_calls(self) -> tuple[Callable[[], None], ...]:
+        """One callable per kernel, in execution order, each running that kernel alone.
+
+        Calling them in order is one :meth:`execute`. A kernel reads what the kernels before it
+        wrote, and a later kernel may take over one of its input buffers (the plan reuses dead
+        buffers), so a kernel sees its real inputs only right after the kernels before it ran:
+        call them in order. A kernel never writes a buffer it reads, so calling one twice in a
+        row computes the same thing twice (what a per-kernel timing relies on).
+        """
+        return tuple(functools.partial(fn, *args) for fn, args in self._calls)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Bind, execute, and return the outputs (views of the program's buffers: copy to keep)."""
