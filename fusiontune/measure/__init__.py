@@ -20,6 +20,7 @@ from fusiontune.measure.roofline import (
     kernel_bound,
     machine_info,
     measure_copy_bandwidth,
+    measure_peak_flops,
     numpy_copy_bandwidth,
     percent_of_bound,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "machine_info",
     "measure_copy_bandwidth",
     "measure_interleaved",
+    "measure_peak_flops",
     "measure_program",
     "median_ci",
     "metric_value",
