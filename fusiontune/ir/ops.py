@@ -477,27 +477,34 @@ def _max_pool_ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
     return (win.max(axis=axes).astype(x.dtype),)
 
 
-def _avg_pool_ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
-    """Mean over each window. ``count_include_pad=1`` divides by the window size clipped to the
-    explicitly padded input (a ceil_mode overhang never counts), 0 by the real elements only."""
+def avg_pool_count(attrs: Mapping[str, Any], spatial_shape: Shape, dtype: Any = np.float64) -> np.ndarray:
+    """AveragePool's divisor per window, shaped (1, 1, out spatial...): ``count_include_pad=1``
+    counts the window clipped to the explicitly padded input (a ceil_mode overhang never counts),
+    0 the real elements only."""
     kernel = tuple(attrs["kernel_shape"])
     ceil = bool(attrs.get("ceil_mode", 0))
-    spatial = x.ndim - 2
+    spatial = len(spatial_shape)
     strides, pads, dil = window_attrs(attrs, spatial)
-    win = _windows(x, kernel, attrs, 0.0, ceil)
-    axes = tuple(range(x.ndim, win.ndim))
-    total = win.sum(axis=axes)
-    if attrs.get("count_include_pad", 0):
-        padded = np.pad(np.ones((1, 1, *x.shape[2:]), x.dtype), [(0, 0), (0, 0)] + [(pads[i], pads[spatial + i]) for i in range(spatial)], constant_values=1)
-        shifted = {**attrs, "pads": (0,) * (2 * spatial)}
-        count = _windows(padded, kernel, shifted, 0.0, ceil)
-        # `padded` starts at the explicit begin pad, so its windows line up with those of x; without
-        # pads its ceil_mode rule may allow one more window than x's (that window starts in x's end
-        # padding only), so keep x's windows.
-        count = count.sum(axis=axes)[(slice(None), slice(None), *(slice(0, n) for n in total.shape[2:]))]
-    else:
-        count = _windows(np.ones((1, 1, *x.shape[2:]), x.dtype), kernel, attrs, 0.0, ceil).sum(axis=axes)
-    return ((total / count).astype(x.dtype),)
+    ones = np.ones((1, 1, *spatial_shape), dtype)
+    axes = tuple(range(2 + spatial, 2 + 2 * spatial))
+    real = _windows(ones, kernel, attrs, 0.0, ceil).sum(axis=axes)
+    if not attrs.get("count_include_pad", 0):
+        return real
+    padded = np.pad(ones, [(0, 0), (0, 0)] + [(pads[i], pads[spatial + i]) for i in range(spatial)], constant_values=1)
+    shifted = {**attrs, "pads": (0,) * (2 * spatial)}
+    count = _windows(padded, kernel, shifted, 0.0, ceil)
+    # `padded` starts at the explicit begin pad, so its windows line up with those of x; without
+    # pads its ceil_mode rule may allow one more window than x's (that window starts in x's end
+    # padding only), so keep x's windows.
+    return count.sum(axis=axes)[(slice(None), slice(None), *(slice(0, n) for n in real.shape[2:]))]
+
+
+def _avg_pool_ref(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
+    """Mean over each window, divided by :func:`avg_pool_count`."""
+    kernel = tuple(attrs["kernel_shape"])
+    win = _windows(x, kernel, attrs, 0.0, bool(attrs.get("ceil_mode", 0)))
+    total = win.sum(axis=tuple(range(x.ndim, win.ndim)))
+    return ((total / avg_pool_count(attrs, x.shape[2:], x.dtype)).astype(x.dtype),)
 
 
 def _gather_ref(attrs: Mapping[str, Any], data: np.ndarray, idx: np.ndarray) -> tuple:
