@@ -20,6 +20,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--study", metavar="NAME", help="study name (default: the only study in the storage)"
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="first time the recommended configuration's kernels one by one (profile.json), for"
+        " the report's 'Where the time goes' section (a built-in workload or ONNX model)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -27,5 +33,7 @@ def _run(args: argparse.Namespace) -> int:
     # Lazy: pandas and optuna are paid for only by the commands that use them.
     from fusiontune.report.build import ReportOptions, report_command
 
-    options = ReportOptions(Path(args.results_dir), storage=args.storage, study=args.study)
+    options = ReportOptions(
+        Path(args.results_dir), storage=args.storage, study=args.study, profile=args.profile
+    )
     return int(report_command(options))

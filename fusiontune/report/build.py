@@ -9,6 +9,10 @@ The recommendation (``fusion_switch.cfg`` and its sidecars) is, in order of pref
 of the confirmation stage when it is distinguishable from the defaults; the defaults when the
 confirmation found nothing distinguishable; the fastest feasible trial when no confirmation is
 recorded yet; nothing when no trial is feasible.
+
+The one exception to "nothing is measured here" is asked for by name: with ``profile=True``
+(``fusiontune report --profile``) the recommended configuration's kernels are timed once and
+stored as ``profile.json``, a record every later rebuild reads (:mod:`fusiontune.report._profile`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from fusiontune.passes.registry import BY_NAME
 from fusiontune.report import plots
 from fusiontune.report._apply import how_to_apply, how_to_apply_lines
 from fusiontune.report._effects import EffectsReport, effect_blocks, switch_effects
+from fusiontune.report._profile import load_profile, measure_profile, profile_blocks
 from fusiontune.report._render import Block, to_html, to_markdown
 from fusiontune.report.tables import (
     DEFAULTS,
@@ -336,6 +341,7 @@ def _document(
         )
     doc += how_to_apply(rec.config, out, StudyStore(study).info())
     doc += _fusion_stats(rec)
+    doc += profile_blocks(load_profile(out), rec.config.key() if rec.config is not None else None)
     doc += [("h2", "Confirmation"), *_confirmation(study, frame)]
     headers, rows = top_rows(frame, 10)
     doc.append(("h2", "Top 10 feasible configurations"))
@@ -447,9 +453,20 @@ def _attribution(frame: pd.DataFrame, effect: pd.DataFrame, searched: list[str],
 
 # ---- entry points --------------------------------------------------------------------------------
 def write_report(
-    results_dir: str | Path, storage_url: str | None = None, study_name: str | None = None
+    results_dir: str | Path,
+    storage_url: str | None = None,
+    study_name: str | None = None,
+    profile: bool = False,
 ) -> BuiltReport:
-    """:func:`build_report`, returning the table and the recommendation too (for a terminal summary)."""
+    """:func:`build_report`, returning the table and the recommendation too (for a terminal summary).
+
+    With ``profile``, the recommended configuration's kernels are timed first and stored as
+    ``profile.json`` (:mod:`fusiontune.report._profile`); a built-in workload or ONNX model only.
+
+    Raises:
+        UserError: as :func:`build_report`; with ``profile``, also a command target's study, no
+            configuration recommended, or a workload that cannot be built here.
+    """
     out = Path(results_dir)
     if storage_url is None and not out.is_dir():
         raise UserError(f"{out}: no such results folder")
@@ -486,6 +503,12 @@ def write_report(
     paths += [p for p in images.values() if p is not None]
     rec = choose_recommendation(study, frame)
     record_recommendation(study, rec)
+    profiled: list[Path] = []
+    if profile:
+        if rec.config is None:
+            raise UserError(f"{out}: no configuration is recommended yet: nothing to profile")
+        info = StudyStore(study).info()
+        profiled.append(measure_profile(info, rec.config, rec.trial, out, info.target))
     doc = _document(
         study, frame, rec, images, missing, importance, method, searched, effective, never, out,
         effects,
@@ -494,7 +517,7 @@ def write_report(
     (out / "report.html").write_text(
         to_html(doc, f"fusiontune report: {study.study_name}"), encoding="utf-8"
     )
-    paths += [out / "report.md", out / "report.html", *_write_recommendation(rec, out)]
+    paths += [out / "report.md", out / "report.html", *_write_recommendation(rec, out), *profiled]
     apply = how_to_apply_lines(rec.config, out, StudyStore(study).info())
     return BuiltReport(paths, frame, rec, tuple(apply))
 
@@ -529,11 +552,13 @@ class ReportOptions:
         results_dir: the folder written (``results/<study>``).
         storage: the study's SQLAlchemy URL (default ``sqlite:///<results_dir>/study.db``).
         study: the study's name (default: the only study in the storage).
+        profile: time the recommended configuration's kernels first (``profile.json``).
     """
 
     results_dir: Path
     storage: str | None = None
     study: str | None = None
+    profile: bool = False
 
 
 def report_command(options: ReportOptions) -> int:
@@ -550,7 +575,7 @@ def report_command(options: ReportOptions) -> int:
     Raises:
         UserError: see :func:`build_report`.
     """
-    built = write_report(options.results_dir, options.storage, options.study)
+    built = write_report(options.results_dir, options.storage, options.study, options.profile)
     print(format_top(built.frame, 10))
     print()
     print(built.recommendation.reason)
