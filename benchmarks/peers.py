@@ -24,8 +24,19 @@ inexact pass on, and N random points;
 feasible: max_rel <= max(5 x float32 floor, 1e-4)). Peers that are not installed are skipped with a
 note. This is a benchmark, not a test: run it on a quiet machine (``cat /proc/loadavg`` < ~1.5).
 
+``--models DIR`` runs every ``.onnx`` file of a folder instead (``--match SUBSTRING`` keeps those
+whose name holds it), each on the arrays beside it: ``<stem>.inputs.npz`` (the convention of
+search_spaces/models/real/), else ``<stem>.npz``, keyed by ONNX input name; their shapes fix the
+model's symbolic dimensions. After the per-model tables it prints one summary: per model,
+fusiontune's and onnxruntime's medians, their ratio (onnxruntime / fusiontune: > 1, fusiontune is
+faster), the geometric mean of the ratios, and where fusiontune's time goes by kernel kind (its
+program profiled kernel by kernel, fusiontune.measure.profile). A model that does not import, or
+has no inputs beside it, gets one line saying why, and the run goes on. Nothing is written to
+RESULTS.md unless ``--results PATH`` is given.
+
     .venv/bin/python benchmarks/peers.py [--quick] [--only NAME ...] [--rounds N] [--threads N]
         [--config CFG | --sweep N] [--results PATH] [--json PATH]
+    .venv/bin/python benchmarks/peers.py --models DIR [--match SUBSTRING ...] [--skip PEER ...] ...
 """
 
 from __future__ import annotations
@@ -201,6 +212,7 @@ class PeerRun:
     wrong: bool = False
     timing: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    program: Any = None  # fusiontune's Program, for its kernel profile
 
 
 def as_workload(case: Case, graph: Any, reference: dict[str, np.ndarray]) -> Any:
@@ -218,7 +230,7 @@ def _fusiontune(workload: Any, config: Any) -> PeerRun:
     checked = check_and_time(workload, program, MeasureConfig(), timing=False)
     program.bind(workload.inputs)
     bytes_moved = sum(k.bytes_moved for k in program.kernels)
-    return PeerRun("fusiontune", program.execute, dict(checked.outputs), f"{program.kernel_count} kernels", extra={"bytes_moved": bytes_moved, "kernels": program.kernel_count, "compile_s": program.compile_s})
+    return PeerRun("fusiontune", program.execute, dict(checked.outputs), f"{program.kernel_count} kernels", extra={"bytes_moved": bytes_moved, "kernels": program.kernel_count, "compile_s": program.compile_s}, program=program)
 
 
 def _onnxruntime(case: Case, path: Path, threads: int) -> PeerRun:
@@ -423,7 +435,7 @@ def goal_lines(results: dict[str, dict[str, Any]], ft_mode: str) -> list[str]:
                 else:
                     lines.append(f"- {name}: {peer}/fusiontune = {r:.2f}x (goal >= {SUBGRAPH_GOAL:.1f}): {'met' if r >= SUBGRAPH_GOAL else 'MISSED'}")
         else:
-            goal = MODEL_GOAL[name]
+            goal = MODEL_GOAL.get(name, 1.0)  # a model of --models: faster than onnxruntime
             r = ratios.get("onnxruntime")
             if r is None:
                 lines.append(f"- {name}: onnxruntime/fusiontune not measured ({res['notes'].get('onnxruntime', 'no figure')})")
@@ -449,17 +461,138 @@ def versions() -> dict[str, str]:
 
 # ---- main ------------------------------------------------------------------------------------
 def bench_case(name: str, args: argparse.Namespace, base_config: Any, threads: int, tmp: Path) -> tuple[Case, list[PeerRun], dict[str, Any]]:
+    """One built-in case (a subgraph or a model of search_spaces/models/): every peer, timed."""
+    import onnx
+
+    case = make_case(name, args.quick)
+    path = tmp / f"{name}.onnx"
+    onnx.save(case.model, str(path))
+    return bench_loaded(case, path, args, base_config, threads)
+
+
+# ---- a folder of models (--models DIR) -------------------------------------------------------
+INPUT_SUFFIXES = (".inputs.npz", ".npz")  # search_spaces/models/real/ writes <stem>.inputs.npz
+
+
+def model_files(folder: Path, match: Sequence[str] = ()) -> list[Path]:
+    """The ``.onnx`` files of ``folder``, sorted, those whose name holds one of ``match`` (if any)."""
+    files = sorted(folder.glob("*.onnx"))
+    return [f for f in files if not match or any(m in f.name for m in match)]
+
+
+def inputs_beside(model: Path) -> Path | None:
+    """The input arrays of ``model``: ``<stem>.inputs.npz``, else ``<stem>.npz``; None if neither."""
+    stem = model.name.removesuffix(".onnx")
+    for suffix in INPUT_SUFFIXES:
+        candidate = model.with_name(stem + suffix)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def model_case(model: Path) -> Case:
+    """A model file of ``--models`` as a case, on the arrays beside it (keyed by ONNX input name).
+
+    Raises:
+        FileNotFoundError: no ``.npz`` of inputs beside it.
+        ValueError: the file lacks one of the model's inputs.
+    """
+    import onnx
+
+    npz = inputs_beside(model)
+    name = model.name.removesuffix(".onnx")
+    if npz is None:
+        raise FileNotFoundError(f"no inputs beside it ({name}.inputs.npz or {name}.npz)")
+    proto = onnx.load(str(model))
+    initializers = {t.name for t in proto.graph.initializer}
+    wanted = [vi.name for vi in proto.graph.input if vi.name not in initializers]
+    with np.load(npz) as arrays:
+        missing = [n for n in wanted if n not in arrays.files]
+        if missing:
+            raise ValueError(f"{npz.name} has no array for input {', '.join(missing)}")
+        inputs = {n: np.asarray(arrays[n]) for n in wanted}
+    shapes = ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in inputs.items())
+    return Case(name, f"{model.name} on {npz.name} ({shapes})", "file", proto, {}, inputs)
+
+
+def bench_model_file(model: Path, args: argparse.Namespace, base_config: Any, threads: int) -> tuple[Case, list[PeerRun], dict[str, Any]]:
+    """One model file of ``--models``: every peer, timed, and fusiontune's kernel profile."""
+    case = model_case(model)
+    case, runs, res = bench_loaded(case, model, args, base_config, threads)
+    ft = next((r for r in runs if r.peer == "fusiontune" and r.program is not None and r.timing is not None), None)
+    if ft is not None:
+        from fusiontune.measure.profile import profile_program
+
+        res["profile"] = profile_program(ft.program, case.inputs, rounds=args.rounds).to_json()
+    return case, runs, res
+
+
+def kinds_text(seconds: dict[str, float], limit: int = 4) -> str:
+    """``matmul 52%, elementwise 20%, ...``: the largest ``limit`` kinds' shares of ``seconds``."""
+    total = math.fsum(seconds.values())
+    ranked = sorted(seconds.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{k} {100 * s / total:.0f}%" for k, s in ranked[:limit]) if total > 0 else "-"
+
+
+def models_summary(cases: dict[str, dict[str, Any]]) -> list[str]:
+    """The summary of a ``--models`` run: per model the ratio and the kinds, the geometric mean."""
+    from fusiontune.measure.profile import ProfileReport
+
+    lines = [
+        "## Summary: onnxruntime / fusiontune per model",
+        "",
+        "| model | kernels | fusiontune ms | onnxruntime ms | ort / fusiontune | fusiontune max_rel | where fusiontune's time goes |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    ratios, summed = [], {}
+    for name, res in cases.items():
+        if "error" in res:
+            lines.append(f"| {name} | - | - | - | - | - | not run: {res['error'].splitlines()[0][:120]} |")
+            continue
+        peers = res["peers"]
+        ft, ort = peers.get("fusiontune", {}), peers.get("onnxruntime", {})
+        ratio = res["ratios"].get("onnxruntime")
+        if ratio is not None and not ft.get("wrong"):
+            ratios.append(ratio)
+        where = "-"
+        if "profile" in res:
+            profile = ProfileReport.from_json(res["profile"])
+            by_kind = {k: s for k, (_, s) in profile.by_kind().items()}
+            for k, s in by_kind.items():
+                summed[k] = summed.get(k, 0.0) + s
+            where = kinds_text(by_kind)
+        wrong = " **WRONG**" if ft.get("wrong") else ""
+        lines.append(
+            f"| {name} | {ft.get('kernels', '-')} | {_ms(ft.get('median_s', math.nan))} | {_ms(ort.get('median_s', math.nan))}"
+            f" | {'-' if ratio is None else f'{ratio:.2f}x'} | {ft.get('max_rel', math.nan):.1e}{wrong} | {where} |"
+        )
+    lines.append("")
+    if ratios:
+        geo = math.exp(math.fsum(math.log(r) for r in ratios) / len(ratios))
+        faster = sum(r >= 1.0 for r in ratios)
+        lines.append(
+            f"geometric mean of onnxruntime / fusiontune over {len(ratios)} models: {geo:.2f}x"
+            f" (fusiontune faster on {faster} of {len(ratios)})"
+        )
+    else:
+        lines.append("geometric mean of onnxruntime / fusiontune: no model has both figures")
+    if summed:
+        lines.append(f"fusiontune's kernel time over all models, by kind: {kinds_text(summed, limit=len(summed))}")
+    lines.append("")
+    return lines
+
+
+def bench_loaded(case: Case, path: Path, args: argparse.Namespace, base_config: Any, threads: int) -> tuple[Case, list[PeerRun], dict[str, Any]]:
+    """Every peer on ``case``, whose model is the file ``path``: checked, then timed interleaved."""
     from fusiontune.ir.interpreter import run_graph
     from fusiontune.ir.onnx_import import import_onnx
     from fusiontune.measure import compare, measure_copy_bandwidth, numpy_copy_bandwidth
     from fusiontune.measure.roofline import copy_kernel
 
-    case = make_case(name, args.quick)
-    path = tmp / f"{name}.onnx"
-    import onnx
-
-    onnx.save(case.model, str(path))
-    graph = import_onnx(path, dims=case.dims or None)
+    name = case.name
+    # A model of --models has symbolic dimensions: the shapes of its arrays fix them.
+    shapes = {k: v.shape for k, v in case.inputs.items()} if case.kind == "file" else None
+    graph = import_onnx(path, input_shapes=shapes, dims=case.dims or None)
     reference = run_graph(graph, case.inputs, dtype="float64")
     floor = compare(run_graph(graph, case.inputs, dtype=None), reference).max_rel
     tolerance = max(20 * floor, 2e-3)
@@ -551,10 +684,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--config", type=Path, help="fusiontune configuration (fusion_switch.cfg or best_config.json)")
     group.add_argument("--sweep", type=int, metavar="N", help="fusiontune: the fastest feasible of defaults, all-off and N random configurations")
-    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "RESULTS.md", help="markdown results file (default: benchmarks/RESULTS.md)")
+    parser.add_argument("--models", type=Path, metavar="DIR", help="run every .onnx file of DIR (inputs: <stem>.inputs.npz or <stem>.npz beside it) instead of the built-in cases")
+    parser.add_argument("--match", action="append", metavar="SUBSTRING", help="with --models: only the files whose name holds SUBSTRING (repeatable)")
+    parser.add_argument("--results", type=Path, help="markdown results file (default: benchmarks/RESULTS.md; none with --models)")
     parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 9)
+    if args.models is not None:
+        if args.only:
+            parser.error("--only names built-in cases; with --models, pick files with --match")
+        if not args.models.is_dir():
+            parser.error(f"--models {args.models}: no such folder")
+        files = model_files(args.models, args.match or ())
+        if not files:
+            parser.error(f"--models {args.models}: no .onnx file" + (" matches --match" if args.match else ""))
+    elif args.match:
+        parser.error("--match picks files of --models DIR")
+    if args.results is None and args.models is None:
+        args.results = Path(__file__).resolve().parent / "RESULTS.md"
 
     import numba
 
@@ -604,27 +751,48 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print("\n".join(header))
     figures: dict[str, Any] = {"machine": info, "versions": vers, "threads": threads, "mode": args.mode, "quick": args.quick, "loadavg_start": list(load_start), "cases": {}}
     body: list[str] = []
-    names = args.only or [*SUBGRAPHS, *MODELS]
+    names: list[Any] = files if args.models is not None else (args.only or [*SUBGRAPHS, *MODELS])
     with tempfile.TemporaryDirectory(prefix="fusiontune-peers-") as tmp:
-        for name in names:
+        for item in names:
+            name = item.name.removesuffix(".onnx") if isinstance(item, Path) else item
             try:
-                case, runs, res = bench_case(name, args, base, threads, Path(tmp))
+                if isinstance(item, Path):
+                    case, runs, res = bench_model_file(item, args, base, threads)
+                else:
+                    case, runs, res = bench_case(item, args, base, threads, Path(tmp))
             except Exception as exc:  # e.g. the importer lacks an op: say so, go on
-                lines = [f"### {name}", "", f"not run: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", ""]
-                figures["cases"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+                reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+                if isinstance(item, Path):  # one line per model that does not run
+                    lines = [f"{name}: not run: {reason}", ""]
+                else:
+                    lines = [f"### {name}", "", f"not run: {reason}", ""]
+                figures["cases"][name] = {"error": reason}
             else:
                 lines = table_lines(case, runs, res["bandwidth"])
+                if "profile" in res:
+                    from fusiontune.measure.profile import ProfileReport, kind_text
+
+                    profile = ProfileReport.from_json(res["profile"])
+                    lines[-1:-1] = [
+                        f"fusiontune by kernel kind: {kind_text(profile)}; sum of kernel medians"
+                        f" {_ms(profile.kernel_sum_s)} ms, whole program {_ms(profile.program_median_s)} ms",
+                    ]
                 figures["cases"][name] = res
             print("\n".join(lines), flush=True)
             body += lines
+    if args.models is not None:
+        summary = models_summary(figures["cases"])
+        print("\n".join(summary), flush=True)
+        body += summary
     goals = goal_lines({k: v for k, v in figures["cases"].items() if "error" not in v}, args.mode)
     figures["goals"] = goals
     figures["loadavg_end"] = list(os.getloadavg())
     tail = ["## Goals", "", *goals, "", f"loadavg at end: {' '.join(f'{v:.2f}' for v in figures['loadavg_end'])}", ""]
     print("\n".join(tail))
-    notes = kept_notes(args.results)
-    args.results.write_text("\n".join(header + notes + ["## Results", ""] + body + tail), encoding="utf-8")
-    print(f"wrote {args.results}")
+    if args.results is not None:
+        notes = kept_notes(args.results)
+        args.results.write_text("\n".join(header + notes + ["## Results", ""] + body + tail), encoding="utf-8")
+        print(f"wrote {args.results}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(figures, f, indent=2, default=str)

@@ -4,11 +4,15 @@
 sequence: a round calls kernel 0, 1, ..., n-1 in order over the program's real buffers (each reads
 what the kernels before it just wrote, as in a run), then the whole program once; every round
 goes the same way (:func:`~fusiontune.measure.interleaved_timings` with ``rotate=False``), so a
-busy moment costs every kernel and the program alike. A sample is one call by default: a kernel
-is timed with the caches as the kernel before it left them, as in a run, and the sum of the
-kernels' medians is comparable with the program's median; their difference, over the kernel
-count, is the per-call overhead of the program's Python loop (plus what the clock reads around a
-kernel cost).
+busy moment costs every kernel and the program alike. A sample is about a millisecond of
+back-to-back calls (of one kernel, or of the whole program), as ``run`` and the benchmarks time a
+program: each kernel is timed in the steady state of a program run in a loop, its worker threads
+awake. (One call per sample, ``min_sample_s=0``, puts the measurement's own bookkeeping between
+kernels: on a loaded machine numba's idle OpenMP workers fall asleep in it and a parallel kernel
+then pays their wake-up, milliseconds, which a program run back to back never does.) The sum of
+the kernels' medians is comparable with the program's median; their difference, over the kernel
+count, is the per-call overhead of the program's Python loop (and what a kernel called alone
+gains from finding its inputs in cache).
 
 Each kernel gets a kind from what its code generator and its nodes are (:func:`kernel_kind`) and
 two roofline figures: the least time its bytes take at the measured memory bandwidth
@@ -29,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fusiontune.measure.interleaved import interleaved_timings
+from fusiontune.measure.interleaved import MIN_SAMPLE_S, interleaved_timings
 from fusiontune.measure.noise import format_seconds, is_noisy
 from fusiontune.measure.roofline import percent_of_bound
 from fusiontune.measure.timing import MeasureConfig
@@ -38,8 +42,8 @@ if TYPE_CHECKING:
     from fusiontune.ir.graph import Graph
     from fusiontune.runtime import KernelInfo, Program
 
-PROFILE_ROUNDS = 21
-"""Rounds of a profile: one sample per kernel per round; 21 keep the median's 95% CI to 8 samples."""
+PROFILE_ROUNDS = 11
+"""Rounds of a profile: one sample per kernel per round (the median's 95% CI: ranks 2 to 10)."""
 
 KINDS = ("matmul", "conv", "attention", "reduction", "elementwise", "layout", "pool")
 """The kinds of kernel a profile names (:func:`kernel_kind`), in the order a breakdown lists them."""
@@ -211,7 +215,7 @@ def profile_program(
     inputs: Mapping[str, np.ndarray],
     rounds: int = PROFILE_ROUNDS,
     measure: MeasureConfig | None = None,
-    min_sample_s: float = 0.0,
+    min_sample_s: float = MIN_SAMPLE_S,
     bandwidth: float | None = None,
     peak_flops: float | None = None,
 ) -> ProfileReport:
@@ -221,7 +225,7 @@ def profile_program(
     ``inputs`` are bound and the program runs once; then, in execution order, each kernel gets
     ``max(1, measure.warmup)`` untimed calls and one calibration call, and the program the same;
     then ``rounds`` rounds, each timing every kernel in execution order (one sample of its calls
-    per sample) and then the whole program. One attempt: a kernel whose samples spread too wide
+    each) and then the whole program. One attempt: a kernel whose samples spread too wide
     is marked ``noisy``, not measured again.
 
     Args:
@@ -230,8 +234,9 @@ def profile_program(
         rounds: samples per kernel (>= 1).
         measure: warmup, number and min_repeat_ms per :func:`interleaved_timings`, and the noise
             limits (default ``MeasureConfig(warmup=1)``).
-        min_sample_s: the shortest sample wanted; 0 (the default) keeps ``measure.number`` calls
-            per sample, one call: a kernel sees the caches the kernel before it left.
+        min_sample_s: the shortest sample wanted (calls per sample raised to it); 0 keeps
+            ``measure.number`` calls, so that a kernel sees the caches the kernel before it left,
+            at the price of the wake-ups described in the module docstring.
         bandwidth: bytes/s of the roofline; default :func:`~fusiontune.measure.measure_copy_bandwidth`.
         peak_flops: flop/s of the roofline; default
             :func:`~fusiontune.measure.roofline.measure_peak_flops` on numba's current threads.
