@@ -146,7 +146,7 @@ def _batch_norm(c: VjpContext) -> Sequence[Tensor | None]:
 
 
 # ---- unary -----------------------------------------------------------------------------------
-def _unary(op: str, grad: Callable[[VjpContext, GraphBuilder, Tensor], Tensor]) -> None:
+def _unary(op: str, grad: Callable[[VjpContext, GraphBuilder, Tensor], Tensor | None]) -> None:
     """Register ``op``'s rule: ``dx = grad(ctx, builder, x)`` (the whole gradient, not a factor)."""
 
     def rule(c: VjpContext) -> Sequence[Tensor | None]:
@@ -243,7 +243,7 @@ def _selu(c: VjpContext, b: GraphBuilder, x: Tensor) -> Tensor:
     return b.where(b.greater(x, 0.0), b.mul(c.g, gamma), b.mul(c.g, b.mul(b.exp(x), gamma * alpha)))
 
 
-def _cast(c: VjpContext, b: GraphBuilder, x: Tensor) -> Tensor | None:  # type: ignore[return]
+def _cast(c: VjpContext, b: GraphBuilder, x: Tensor) -> Tensor | None:
     # Float to float: the gradient goes back in the input's dtype. From a bool or an integer there
     # is nothing to differentiate (and the autodiff never asks: such an input is never active).
     if is_float(x.dtype):
@@ -255,4 +255,4 @@ _unary("HardSigmoid", _hard_sigmoid)
 _unary("HardSwish", _hard_swish)
 _unary("Elu", _elu)
 _unary("Selu", _selu)
-_unary("Cast", _cast)  # type: ignore[arg-type]
+_unary("Cast", _cast)

@@ -217,11 +217,10 @@ def _scatter_nd(c: VjpContext) -> Sequence[Tensor | None]:
         # data keeps the gradient where nothing was written; of repeated indices the last update
         # won, and only it gets a gradient: write each update's number, read back who won.
         d_data = b.op("ScatterND", g, idx, zeros(b, upd.shape, g.dtype))
-        number = b.const(
-            np.arange(int(np.prod(rows, dtype=np.int64))).reshape(rows).astype(g.dtype),
-            dtype=g.dtype,
+        number = index_const(b, np.arange(int(np.prod(rows, dtype=np.int64))).reshape(rows))
+        board = b.op(
+            "ScatterND", b.expand(index_const(b, np.asarray(-1)), data.shape[:m]), idx, number
         )
-        board = b.op("ScatterND", b.expand(scalar(b, -1.0, g.dtype), data.shape[:m]), idx, number)
         won = mask(b, b.equal(b.op("GatherND", board, idx), number), g.dtype)
         return [d_data, None, b.mul(b.op("GatherND", g, idx), reshape(b, won, (*rows, *tail)))]
     if reduction == "mul":

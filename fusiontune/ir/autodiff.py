@@ -13,11 +13,13 @@ input, or ``None`` for an input that needs none. An op that carries no gradient 
 :data:`NON_DIFFERENTIABLE` with the reason; every op of the catalogue is in exactly one of the two
 tables (``tests/ir/test_autodiff.py`` fails otherwise), so a new op cannot be added without deciding.
 
-Conventions at points where an op is not differentiable (the rules pick one subgradient, as torch
-and JAX do): Relu, LeakyRelu, PRelu and Abs take the ``x > 0`` branch's neighbour (``relu'(0) = 0``,
-``abs'(0) = 0``); Clip passes the gradient on its closed interval; ties of ReduceMax, MaxPool,
-Maximum and Minimum share the gradient evenly; Mod is differentiated as ``a - q * b`` with the
-quotient ``q`` held constant.
+Where an op is not differentiable the rules take one subgradient, as torch and JAX do: Relu and
+Abs have slope 0 at 0; LeakyRelu, PRelu, Elu and Selu the slope of the branch their reference takes
+at 0; Clip passes the gradient on its closed interval, HardSigmoid (and HardSwish's gate) on its
+open one; ties of ReduceMax, MaxPool, Maximum, Minimum and ScatterND's max / min share the gradient
+evenly (so a maximum taken over copies of one value still gets its whole gradient); Mod is
+``a - q * b`` with the quotient ``q`` held constant; of repeated ScatterND indices with
+``reduction="none"`` only the update that was written last gets a gradient.
 """
 
 from __future__ import annotations

@@ -752,6 +752,64 @@ def test_backward_nodes_never_reuse_a_forward_node_name() -> None:
     assert {n.name for n in graph.nodes} <= set(names)
 
 
+def test_subgradients_at_the_kinks_follow_the_documented_conventions() -> None:
+    b = GraphBuilder("kinks", "float64")
+    x, y = b.input("x", (3,)), b.input("y", (3,))
+    b.output(
+        b.relu(x),
+        b.op("Abs", x),
+        b.maximum(x, y),
+        b.op("Clip", x, min=0.0, max=1.0),
+        b.op("LeakyRelu", x, alpha=0.1),
+    )
+    graph = b.build()
+    outs = list(graph.outputs)
+    for i, want_x, want_y in (
+        (0, 0.0, None),
+        (1, 0.0, None),
+        (2, 0.5, 0.5),
+        (3, 1.0, None),
+        (4, 1.0, None),
+    ):
+        backward = grad_graph(graph, ["x", "y"], keep_outputs=False)
+        feed = {"x": np.zeros(3), "y": np.zeros(3)}
+        feed |= {cotangent_name(o): np.full(3, 1.0 if k == i else 0.0) for k, o in enumerate(outs)}
+        got = run_graph(backward, feed)
+        np.testing.assert_array_equal(got[gradient_name("x")], np.full(3, want_x), err_msg=outs[i])
+        np.testing.assert_array_equal(
+            got[gradient_name("y")], np.full(3, want_y or 0.0), err_msg=outs[i]
+        )
+
+
+def test_backward_graph_compiles_through_the_fusion_pipeline() -> None:
+    # the backward is a graph like any other: fused by the default passes, compiled, run
+    from fusiontune.config import FusionConfig
+    from fusiontune.passes.pipeline import run_pipeline
+    from fusiontune.runtime import build_program
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("block", "float32")
+    x = b.input("x", (8, 16))
+    w1 = b.const(rng.standard_normal((16, 32)) * 0.2, name="w1")
+    w2 = b.const(rng.standard_normal((32, 16)) * 0.2, name="w2")
+    gamma, beta = b.const(np.ones(16), name="gamma"), b.const(np.zeros(16), name="beta")
+    h = b.gelu(b.matmul(b.layer_norm(x, gamma, beta), w1))
+    p = b.softmax(b.add(b.matmul(h, w2), x))
+    b.output(b.reduce_mean(b.mul(p, p), (0, 1), keepdims=False))
+    graph = b.build()
+    backward = grad_graph(graph, ["x", "w1", "w2", "gamma", "beta"], loss=graph.outputs[0])
+    fused = run_pipeline(backward, FusionConfig.defaults()).fused
+    assert len(fused.groups) < len(backward.nodes)
+    feed = {"x": rng.standard_normal((8, 16)).astype(np.float32)}
+    got = build_program(fused).run(feed)
+    want = run_graph(backward, feed)
+    for name in backward.outputs:
+        scale = float(np.max(np.abs(want[name])))
+        np.testing.assert_allclose(
+            got[name], want[name], rtol=1e-4, atol=1e-5 * scale, err_msg=name
+        )
+
+
 # ---- random graphs --------------------------------------------------------------------------------
 MAIN = (2, 3)
 """Every tensor of a random graph is (2, 3) or a (3,) vector, so that any two combine."""
