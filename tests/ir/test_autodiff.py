@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fusiontune.ir import CATALOGUE, Graph, GraphBuilder, Tensor, run_graph
+from fusiontune.ir import CATALOGUE, Graph, GraphBuilder, Tensor, random_inputs, run_graph
 from fusiontune.ir.autodiff import (
     MISSING_RULES,
     NON_DIFFERENTIABLE,
@@ -781,32 +781,88 @@ def test_subgradients_at_the_kinks_follow_the_documented_conventions() -> None:
         )
 
 
-def test_backward_graph_compiles_through_the_fusion_pipeline() -> None:
-    # the backward is a graph like any other: fused by the default passes, compiled, run
-    from fusiontune.config import FusionConfig
-    from fusiontune.passes.pipeline import run_pipeline
-    from fusiontune.runtime import build_program
-
+def _transformer_block(b: GraphBuilder) -> Tensor:
     rng = np.random.default_rng(0)
-    b = GraphBuilder("block", "float32")
     x = b.input("x", (8, 16))
     w1 = b.const(rng.standard_normal((16, 32)) * 0.2, name="w1")
     w2 = b.const(rng.standard_normal((32, 16)) * 0.2, name="w2")
     gamma, beta = b.const(np.ones(16), name="gamma"), b.const(np.zeros(16), name="beta")
     h = b.gelu(b.matmul(b.layer_norm(x, gamma, beta), w1))
-    p = b.softmax(b.add(b.matmul(h, w2), x))
-    b.output(b.reduce_mean(b.mul(p, p), (0, 1), keepdims=False))
+    return b.softmax(b.add(b.matmul(h, w2), x))
+
+
+COMPILED: dict[str, tuple[Callable[[GraphBuilder], Tensor], tuple[str, ...]]] = {
+    "transformer-block": (_transformer_block, ("x", "w1", "w2", "gamma", "beta")),
+    "conv-grouped": (
+        lambda b: b.op(
+            "Conv",
+            b.input("x", (1, 2, 6, 5)),
+            b.input("w", (4, 1, 3, 3)),
+            strides=(2, 1),
+            pads=(1, 1, 1, 1),
+            group=2,
+        ),
+        ("x", "w"),
+    ),
+    "pools": (
+        lambda b: b.op(
+            "AveragePool",
+            b.op(
+                "MaxPool",
+                b.input("x", (1, 2, 7, 6)),
+                kernel_shape=(3, 3),
+                strides=(2, 2),
+                pads=(1, 1, 1, 1),
+            ),
+            kernel_shape=(2, 2),
+            pads=(1, 0, 0, 1),
+        ),
+        ("x",),
+    ),
+    "attention": (
+        lambda b: b.op(
+            "Attention",
+            b.input("q", (2, 4, 8)),
+            b.input("k", (2, 6, 8)),
+            b.input("v", (2, 6, 8)),
+            scale=0.3,
+        ),
+        ("q", "k", "v"),
+    ),
+    "scatter-gather": (
+        lambda b: b.op(
+            "ScatterND",
+            b.input("d", (5, 4)),
+            b.const(np.array([[1], [3], [1]]), dtype="int64"),
+            b.op("Gather", b.input("u", (2, 4)), b.const(np.array([0, 1, 1]), dtype="int64")),
+        ),
+        ("d", "u"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED))
+def test_backward_graph_compiles_through_the_fusion_pipeline(name: str) -> None:
+    # the backward is a graph like any other: fused by the default passes, compiled, run
+    from fusiontune.config import FusionConfig
+    from fusiontune.passes.pipeline import run_pipeline
+    from fusiontune.runtime import build_program
+
+    build, wrt = COMPILED[name]
+    b = GraphBuilder(name, "float32")
+    out = build(b)
+    b.output(b.reduce_mean(b.mul(out, out), tuple(range(len(out.shape))), keepdims=False))
     graph = b.build()
-    backward = grad_graph(graph, ["x", "w1", "w2", "gamma", "beta"], loss=graph.outputs[0])
+    backward = grad_graph(graph, wrt, loss=graph.outputs[0])
     fused = run_pipeline(backward, FusionConfig.defaults()).fused
     assert len(fused.groups) < len(backward.nodes)
-    feed = {"x": rng.standard_normal((8, 16)).astype(np.float32)}
+    feed = random_inputs(backward, seed=1)
     got = build_program(fused).run(feed)
     want = run_graph(backward, feed)
-    for name in backward.outputs:
-        scale = float(np.max(np.abs(want[name])))
+    for value in backward.outputs:
+        scale = float(np.max(np.abs(want[value])))
         np.testing.assert_allclose(
-            got[name], want[name], rtol=1e-4, atol=1e-5 * scale, err_msg=name
+            got[value], want[value], rtol=1e-4, atol=1e-5 * scale, err_msg=value
         )
 
 
