@@ -64,9 +64,9 @@ GRADIENT_PREFIX = "grad/"
 COTANGENT_PREFIX = "cotangent/"
 
 
-def gradient_name(value: str) -> str:
+def gradient_name(value: str, prefix: str = GRADIENT_PREFIX) -> str:
     """The name of the output of :func:`grad_graph` that holds the gradient of ``value``."""
-    return GRADIENT_PREFIX + value
+    return prefix + value
 
 
 def cotangent_name(output: str) -> str:
@@ -251,6 +251,7 @@ def grad_graph(
     wrt: Sequence[str],
     loss: str | None = None,
     keep_outputs: bool = True,
+    prefix: str = GRADIENT_PREFIX,
 ) -> Graph:
     """The forward graph followed by its backward: the gradients of ``loss`` w.r.t. ``wrt``.
 
@@ -263,16 +264,18 @@ def grad_graph(
             ``cotangent_name(output)`` of the output's shape (the vector of a vector-Jacobian
             product; the gradient is then that of ``sum(cotangent * output)`` over the outputs).
         keep_outputs: keep the forward outputs first among the outputs.
+        prefix: what the gradients' names start with (another one differentiates a graph that
+            already holds gradients, for second derivatives).
 
     Returns:
         A graph with the forward inputs (then the cotangent inputs), whose outputs are the forward
         outputs (when kept) followed by one gradient per ``wrt`` value, named
-        ``gradient_name(value)``, of that value's shape and dtype. A value the loss does not depend
+        ``gradient_name(value, prefix)``, of that value's shape and dtype. A value the loss does not depend
         on gets zeros.
 
     Raises:
-        ValueError: an unknown or non-float ``wrt`` value, or a ``loss`` that is not a one-element
-            float output.
+        ValueError: an unknown or non-float ``wrt`` value, a gradient name the graph already
+            uses, or a ``loss`` that is not a one-element float output.
         NotImplementedError: an op on the path from ``wrt`` to the loss has no VJP rule.
     """
     for name in wrt:
@@ -281,6 +284,11 @@ def grad_graph(
         if not is_float(graph.values[name].dtype):
             raise ValueError(
                 f"{graph.name}: {name!r} is {graph.values[name].dtype}, not a float tensor"
+            )
+        if gradient_name(name, prefix) in graph.values:
+            raise ValueError(
+                f"{graph.name}: the graph already has a value {gradient_name(name, prefix)!r};"
+                " pass another prefix"
             )
     if len(set(wrt)) != len(wrt):
         raise ValueError(f"{graph.name}: wrt names a value twice: {list(wrt)}")
@@ -338,7 +346,7 @@ def grad_graph(
                     if g.dtype != want.dtype:
                         g = b.cast(g, want.dtype)
                     cots.setdefault(name, []).append(g)
-    return _finish(graph, b, wrt, cots, keep_outputs)
+    return _finish(graph, b, wrt, cots, keep_outputs, prefix)
 
 
 def _total(b: GraphBuilder, cots: dict[str, list[Tensor]], name: str) -> Tensor | None:
@@ -359,8 +367,9 @@ def _finish(
     wrt: Sequence[str],
     cots: dict[str, list[Tensor]],
     keep_outputs: bool,
+    prefix: str,
 ) -> Graph:
-    """Name the gradients ``grad/<value>`` and drop what no output needs."""
+    """Name the gradients ``<prefix><value>`` and drop what no output needs."""
     renamed: dict[str, str] = {}
     outputs = list(graph.outputs) if keep_outputs else []
     with b.scope("grad"):
@@ -372,12 +381,12 @@ def _finish(
             made = {o for n in b.nodes[len(graph.nodes) :] for o in n.outputs}
             source = renamed.get(g.name, g.name)
             if source in made and source not in renamed.values():
-                b.rename(source, gradient_name(name))
-                renamed[source] = gradient_name(name)
+                b.rename(source, gradient_name(name, prefix))
+                renamed[source] = gradient_name(name, prefix)
             else:  # a forward value, a cotangent input or another gradient: copy it
                 copy = b.op("Reshape", b.tensor(source), shape=v.shape)
-                b.rename(copy.name, gradient_name(name))
-            outputs.append(gradient_name(name))
+                b.rename(copy.name, gradient_name(name, prefix))
+            outputs.append(gradient_name(name, prefix))
     b.outputs = outputs
     editor = GraphEditor(b.graph(f"{graph.name}_grad"))
     return editor.finish()

@@ -720,6 +720,44 @@ def test_grad_graph_runs_in_the_graphs_own_float32() -> None:
     np.testing.assert_allclose(f32, f64, rtol=1e-4, atol=1e-5)
 
 
+def test_grad_graph_differentiates_its_own_backward() -> None:
+    # a Hessian-vector product: the backward of the backward, against differences of gradients
+    b = GraphBuilder("hvp", "float64")
+    x = b.input("x", (2, 4))
+    w = b.const(np.random.default_rng(2).standard_normal((4, 4)) * 0.5)
+    y = b.softmax(b.layer_norm(b.matmul(b.tanh(x), w), b.const(np.ones(4)), b.const(np.zeros(4))))
+    b.output(b.reduce_sum(b.mul(y, b.const(np.arange(8.0).reshape(2, 4))), (0, 1), keepdims=False))
+    graph = b.build()
+    first = grad_graph(graph, ["x"], loss=graph.outputs[0], keep_outputs=False)
+    direction = np.random.default_rng(3).standard_normal((2, 4))
+    b2 = GraphBuilder("hvp2", "float64")
+    x2 = b2.input("x", (2, 4))
+    # rebuild the first backward inside a new builder, then take <grad, direction> as the loss
+    env = {"x": x2}
+    for name, arr in first.constants.items():
+        env[name] = b2.const(arr)
+    for node in first.nodes:
+        outs = b2.op(
+            node.op, *(env[i] for i in node.inputs), n_outputs=len(node.outputs), **dict(node.attrs)
+        )
+        for o, t in zip(node.outputs, outs if len(node.outputs) > 1 else (outs,), strict=True):
+            env[o] = t
+    b2.output(
+        b2.reduce_sum(b2.mul(env[gradient_name("x")], b2.const(direction)), (0, 1), keepdims=False)
+    )
+    second = grad_graph(b2.build(), ["x"], loss=b2.outputs[0], prefix="hvp/")
+    feed = {"x": np.random.default_rng(4).standard_normal((2, 4))}
+    got = run_graph(second, feed)[gradient_name("x", "hvp/")]
+
+    def gradient(at: np.ndarray) -> np.ndarray:
+        return run_graph(first, {"x": at})[gradient_name("x")]
+
+    want = (gradient(feed["x"] + 1e-5 * direction) - gradient(feed["x"] - 1e-5 * direction)) / 2e-5
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="another prefix"):
+        grad_graph(first, ["x"])
+
+
 def test_grad_graph_refuses_bad_requests() -> None:
     graph = _mlp()
     with pytest.raises(ValueError, match="not an output"):
