@@ -19,7 +19,8 @@ at 0; Clip passes the gradient on its closed interval, HardSigmoid (and HardSwis
 open one; ties of ReduceMax, MaxPool, Maximum, Minimum and ScatterND's max / min share the gradient
 evenly (so a maximum taken over copies of one value still gets its whole gradient); Mod is
 ``a - q * b`` with the quotient ``q`` held constant; of repeated ScatterND indices with
-``reduction="none"`` only the update that was written last gets a gradient.
+``reduction="none"`` only the update that was written last gets a gradient. One known gap: with
+``reduction="mul"`` an update's gradient is ``g * y / update``, undefined where an update is 0.
 """
 
 from __future__ import annotations
