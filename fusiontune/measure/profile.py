@@ -290,11 +290,12 @@ def profile_program(
     )
 
 
-def _count(n: float, unit: str) -> str:
+def format_count(n: float, unit: str) -> str:
+    """``1.2 MB``, ``33.6 M``: a count with a decimal (SI) prefix."""
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if n >= scale:
             return f"{n / scale:.1f} {prefix}{unit}"
-    return f"{n:.0f} {unit}"
+    return f"{n:.0f} {unit}".rstrip()
 
 
 def _pct(p: float) -> str:
@@ -329,8 +330,8 @@ def format_profile(report: ProfileReport, top: int | None = None, width: int = 4
     for k in shown:
         lines.append(
             f"  {_short(k.name, width):<{name_w}}  {k.kind:<11}  {format_seconds(k.median_s):>9}"
-            f"  {100 * report.share(k):5.1f}%  {_count(k.bytes_moved, 'B'):>9}"
-            f"  {_count(k.flops, ''):>9}  {_pct(k.pct_bandwidth):>5}  {_pct(k.pct_peak):>5}"
+            f"  {100 * report.share(k):5.1f}%  {format_count(k.bytes_moved, 'B'):>9}"
+            f"  {format_count(k.flops, ''):>9}  {_pct(k.pct_bandwidth):>5}  {_pct(k.pct_peak):>5}"
             f"  {k.bound}"
         )
     rest = report.kernels[len(shown) :]

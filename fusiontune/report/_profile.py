@@ -174,6 +174,7 @@ def profile_blocks(stored: StoredProfile | None, config_key: str | None) -> list
         )
         return doc
     from fusiontune.measure import format_seconds
+    from fusiontune.measure.profile import format_count
 
     p = stored.profile
     doc.append(
@@ -195,8 +196,8 @@ def profile_blocks(stored: StoredProfile | None, config_key: str | None) -> list
                 k.kind,
                 format_seconds(k.median_s),
                 f"{100 * p.share(k):.1f}%",
-                str(k.bytes_moved),
-                str(k.flops),
+                format_count(k.bytes_moved, "B"),
+                format_count(k.flops, ""),
                 _pct(k.pct_bandwidth),
                 _pct(k.pct_peak),
                 k.bound,
