@@ -323,7 +323,7 @@ def format_profile(report: ProfileReport, top: int | None = None, width: int = 4
     lines = [
         f"profile   {len(report.kernels)} kernels timed one by one in program order, {report.rounds}"
         f" rounds; roofline: {report.bandwidth / 1e9:.1f} GB/s copy bandwidth,"
-        f" {report.peak_flops / 1e9:.1f} GFLOP/s float32 sgemm peak ({report.threads} threads)",
+        f" {report.peak_flops / 1e9:.1f} GFLOP/s float32 sgemm peak ({report.threads} thread{'' if report.threads == 1 else 's'})",
         f"  {'kernel':<{name_w}}  {'kind':<11}  {'median':>9}  {'share':>6}  {'bytes':>9}"
         f"  {'FLOPs':>9}  {'%bw':>5}  {'%peak':>5}  bound",
     ]
