@@ -220,7 +220,10 @@ def _tune(
                 print("confirmation skipped: replayed results are not measurements")
             elif not _confirmation_is_current(storage_url, study_name):
                 _confirm(space, storage_url, study_name, workload, top_k, results_dir)
-            paths = _report(results_dir, storage_url, study_name)
+            # The recommended configuration's kernels are timed where its confirmation was:
+            # in this process, on a built-in workload or ONNX model (a job has no kernels).
+            profile = not interrupted and options.confirm and not options.replay
+            paths = _report(results_dir, storage_url, study_name, profile and space.target is None)
     except KeyboardInterrupt:
         print(
             "aborted during the confirmation or the report; `fusiontune report` rebuilds it",
@@ -290,11 +293,15 @@ def _confirm(
     confirm(study, workload, space, top_k=top_k)
 
 
-def _report(results_dir: Path, storage_url: str, study_name: str) -> list[Path]:
+def _report(
+    results_dir: Path, storage_url: str, study_name: str, profile: bool = False
+) -> list[Path]:
     from fusiontune.report import format_top, load_study_frame
     from fusiontune.report.build import write_report
 
-    built = write_report(results_dir, storage_url=storage_url, study_name=study_name)
+    built = write_report(
+        results_dir, storage_url=storage_url, study_name=study_name, profile=profile
+    )
     frame = load_study_frame(storage_url, study_name)
     print(format_top(frame, n=10))
     for line in built.apply_lines:
