@@ -55,7 +55,7 @@ from scipy.special import ndtr
 
 from fusiontune.tune._history import MARGIN_CLIP, History
 from fusiontune.tune.designs import two_level_design
-from fusiontune.tune.surrogate import BayesianLinearModel, Coding
+from fusiontune.tune.surrogate import BayesianLinearModel, Coding, one_blas_thread
 
 if TYPE_CHECKING:
     from fusiontune.workloads.space import SearchSpace
@@ -226,6 +226,10 @@ class FusionSampler(BaseSampler):
     # ---- proposing -------------------------------------------------------------------------
     def propose(self, trials: Sequence[FrozenTrial], number: int) -> np.ndarray:
         """The level vector (an index into each dimension's choices) for trial ``number``."""
+        with one_blas_thread():  # small matrices: threads only synchronise
+            return self._propose(trials, number)
+
+    def _propose(self, trials: Sequence[FrozenTrial], number: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, number])
         hist = History(self, [t for t in trials if t.number != number])
         design = self._design(hist)
@@ -314,7 +318,7 @@ class FusionSampler(BaseSampler):
         def value(beta: np.ndarray, levels: np.ndarray) -> np.ndarray:
             c, b, q = runtime.quadratic(beta)
             x = self._features(levels)
-            return c + x @ b + np.einsum("ij,jk,ik->i", x, q, x)
+            return c + x @ b + np.sum((x @ q) * x, axis=1)  # x_i^T q x_i, through BLAS
 
         def p_feasible(levels: np.ndarray) -> np.ndarray:
             if feas is None:
