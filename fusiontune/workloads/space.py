@@ -131,7 +131,7 @@ class SearchSpace:
     metric: str = "max_rel"
     bound: float = 1e-3
     measure: MeasureConfig = field(default_factory=MeasureConfig)
-    sampler: str = "tpe"
+    sampler: str = "fusion"
     trials: int = 40
     timeout_s: float | None = None
     seed: int = 0
@@ -559,7 +559,7 @@ class _Loader:
         """The ``[search]`` fields every space has; ``top_k`` and ``workers`` are the defaults."""
         timeout = search.get("timeout")
         return {
-            "sampler": self.choice(search.get("sampler", "tpe"), "search.sampler", SAMPLERS, "sampler"),
+            "sampler": self.choice(search.get("sampler", "fusion"), "search.sampler", SAMPLERS, "sampler"),
             "trials": self.integer(search.get("trials", 40), "search.trials", low=1),
             "timeout_s": None if timeout is None else self.duration(timeout, "search.timeout"),
             "seed": self.integer(search.get("seed", 0), "search.seed", high=2**32 - 1),

@@ -101,7 +101,7 @@ def test_shipped_command_templates_load_and_run_in_process(path: Path) -> None:
     space = load_space(path)
     assert len(TEMPLATES) == 2 and space.target is not None
     assert space.workload == "" and not space.splits and space.metric == "error"
-    assert space.trials == 40 and space.workers == 0 and space.sampler == "tpe"
+    assert space.trials == 40 and space.workers == 0 and space.sampler == "fusion"
     assert (Path(space.target.base_dir) / space.target.command[1]).is_file()  # the bundled job
     assert 8 <= len(space.searched) <= 12  # a 40-trial TPE sweep finds the optimum
     base = baseline_params(space)
@@ -115,7 +115,7 @@ def test_all_spaces_search_every_switchable_pass() -> None:
     assert space.searched == tuple(SWITCHABLE)
     assert "ConstantFoldingPass" not in space.searched
     assert space.name == "x"
-    assert space.measure == MeasureConfig() and space.sampler == "tpe" and space.timeout_s is None
+    assert space.measure == MeasureConfig() and space.sampler == "fusion" and space.timeout_s is None
 
 
 # ---- parameters ------------------------------------------------------------------------------------
