@@ -20,9 +20,11 @@ at 20 and 40 trials are read from its prefix (optuna's samplers do not look ahea
 is what a 20- or 40-trial run would have done). "At n trials" counts the study's first n
 finished trials, the two baselines included, as ``fusiontune tune --trials n`` does.
 
-What is scored is the recommendation: the feasible trial with the best *measured* median (what
-``fusiontune tune`` reports), and its *true*, noise-free runtime (a replay has no noise: the
-recorded median) against the optimum. Per sampler and job:
+What is scored is the recommendation, in two forms: the feasible trial with the best *measured*
+median (the sweep's rank 1), and the runtime model's pick, the feasible trial of best posterior
+mean (:meth:`FusionSampler.predicted`, fitted to the first n trials; the confirmation shortlists
+it); each by its *true*, noise-free runtime (a replay has no noise: the recorded median) against
+the optimum. Per sampler, job and recommendation:
 
 - within 1% / within 2%: the share of seeds whose recommendation at 20, 40, 80 trials is within
   1% / 2% of the optimum; exact: the share whose recommendation at the end is an optimum;
@@ -30,6 +32,10 @@ recorded median) against the optimum. Per sampler and job:
   rank) over the seeds; a seed that never gets there counts as ``trials + 1`` and a median
   among those reads ``>trials``;
 - vs random: that median over random's (``<=x`` when random's is censored).
+
+``--floor`` adds the noise's limit per planted job: how often a search told the exact terms and
+feasible points gets within 1% / 2% from 40 random runs by least squares (an indication of what
+one run per trial allows, not a bound on adaptive designs).
 
 Goals (issue 15): within 1% at 40 trials in at least 19 of 20 seeds on every stand-in job with
 up to 16 switches; trials to 2% at most 0.35x random's; on the replays never worse than TPE.
