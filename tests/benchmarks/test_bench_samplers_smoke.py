@@ -77,10 +77,14 @@ def test_planted_evaluator_noise_is_deterministic_per_seed_and_trial() -> None:
 
 def test_recommendation_ratio_follows_the_best_measured_feasible_trial() -> None:
     bench = _load("bench_samplers")
-    trace = [(False, 0.5, 0.5), (True, 1.0, 1.1), (True, 0.9, 1.2), (True, 0.95, 1.0)]
+    nan = math.nan
+    trace = [(False, 0.5, 0.5, nan), (True, 1.0, 1.1, 1.1), (True, 0.9, 1.2, 1.1), (True, 0.95, 1.0, 1.0)]
     assert bench.recommendation_ratios(trace, 1.0) == [math.inf, 1.1, 1.2, 1.2]
     sc = bench.score([trace], 1.0, 4)
     assert sc.reach == [None] and sc.reach_median() == 5
+    # the model's pick: its own column, NaN (no pick yet) counts as not there
+    assert bench.recommendation_ratios(trace, 1.0, "model") == [math.inf, 1.1, 1.1, 1.0]
+    assert bench.score([trace], 1.0, 4, "model").reach == [4]
 
 
 @pytest.mark.bench
@@ -94,6 +98,6 @@ def test_bench_samplers_quick_scores_every_sampler_and_job(tmp_path: Path) -> No
     assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
     for job in ("issue12", "split10"):
         for sampler in ("tpe", "random"):
-            row = figures["jobs"][job]["samplers"][sampler]
+            row = figures["jobs"][job]["samplers"]["measured"][sampler]
             assert set(row["within"]) == {"0.01@20", "0.01@24", "0.02@20", "0.02@24"}
             assert len(row["reach"]) == 2
