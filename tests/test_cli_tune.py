@@ -135,3 +135,28 @@ def test_report_of_a_missing_folder_is_one_line_and_exit_2(tmp_path: Path, capsy
     monkeypatch.chdir(tmp_path)
     assert main(["report", str(tmp_path / "results" / "nothing")]) == 2
     one_error_line(capsys)
+
+
+def test_tune_with_nothing_within_the_bound_still_writes_the_report(
+    space: Path, tmp_path: Path, capsys
+):
+    space.write_text(SPACE.replace("bound = 1e-6", "bound = 1e-30"))
+    assert main(["tune", str(space), "--trials", "3", "--no-progress"]) == 0
+    assert (tmp_path / "results" / "tiny" / "report.md").is_file()
+
+
+def test_a_profile_that_cannot_be_made_leaves_the_report_without_it(
+    space: Path, tmp_path: Path, capsys, monkeypatch
+):
+    from fusiontune.errors import UserError
+    from fusiontune.report import build
+
+    def refuse(*args, **kwargs):
+        raise UserError("the study records no workload: nothing to profile")
+
+    monkeypatch.setattr(build, "measure_profile", refuse)
+    assert main(["tune", str(space), "--trials", "3", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "no kernel profile in the report: the study records no workload" in out
+    assert (tmp_path / "results" / "tiny" / "report.md").is_file()
+    assert not (tmp_path / "results" / "tiny" / "profile.json").exists()

@@ -299,9 +299,16 @@ def _report(
     from fusiontune.report import format_top, load_study_frame
     from fusiontune.report.build import write_report
 
-    built = write_report(
-        results_dir, storage_url=storage_url, study_name=study_name, profile=profile
-    )
+    try:
+        built = write_report(
+            results_dir, storage_url=storage_url, study_name=study_name, profile=profile
+        )
+    except UserError as e:
+        if not profile:
+            raise
+        # The profile is an extra: the sweep's report is written without it (nothing is lost).
+        print(f"no kernel profile in the report: {e}")
+        built = write_report(results_dir, storage_url=storage_url, study_name=study_name)
     frame = load_study_frame(storage_url, study_name)
     print(format_top(frame, n=10))
     for line in built.apply_lines:
