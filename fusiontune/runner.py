@@ -35,11 +35,11 @@ from fusiontune.config.fusion_result import write_fusion_result
 from fusiontune.config.switch_file import load_config
 from fusiontune.errors import UserError
 from fusiontune.ir.interpreter import run_graph
+from fusiontune.ir.training import TrainSpec
 from fusiontune.measure import (
     ErrorMetrics,
     MeasureConfig,
     Timing,
-    compare,
     describe_noise,
     noise_ratio,
     time_interleaved,
@@ -49,12 +49,12 @@ from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.passes.registry import lookup
 from fusiontune.runtime import Program
 from fusiontune.tune.evaluate import build_candidate, check_and_time
-from fusiontune.workloads import Workload, make_workload
+from fusiontune.workloads import Workload
 from fusiontune.workloads.onnx_model import (
     ONNX_SUFFIX,
     OnnxSource,
     input_file_keys,
-    load_onnx_workload,
+    load_workload,
 )
 
 SMALL_OUTPUT = 64  # print outputs up to this many elements, as the seeds print `result: [...]`
@@ -81,6 +81,7 @@ class RunOptions:
         json: print one JSON record instead of the human summary.
         profile: also time every kernel in place and print the profile (its record in ``json``).
         profile_top: print only this many of the slowest kernels (needs ``profile``); None: all.
+        train: measure the workload's training step with this loss and optimizer; None: inference.
     """
 
     workload: str
@@ -99,6 +100,7 @@ class RunOptions:
     json: bool = False
     profile: bool = False
     profile_top: int | None = None
+    train: TrainSpec | None = None
 
     def __post_init__(self) -> None:
         if self.config_file is not None and self.flags is not None:
@@ -127,6 +129,7 @@ class RunResult:
     error: ErrorMetrics
     floor: ErrorMetrics
     outputs: Mapping[str, np.ndarray]
+    train: TrainSpec | None = None
 
 
 def resolve_config(
@@ -172,7 +175,7 @@ def run_workload(
         from fusiontune.ir.dump import write_stage_dumps
 
         write_stage_dumps(pipeline.stages, dump_dir)
-    before = run_pipeline(workload.graph, FusionConfig.all_off()).fused.kernel_count
+    before = run_pipeline(workload.graph, FusionConfig.all_off(), train=workload.train).fused.kernel_count
     checked = check_and_time(workload, program, measure)
     floor = float32_floor(workload)
     return RunResult(
@@ -186,6 +189,7 @@ def run_workload(
         checked.errors,
         floor,
         dict(checked.outputs),
+        workload.train,
     )
 
 
@@ -195,7 +199,7 @@ def float32_floor(workload: Workload) -> ErrorMetrics:
     The interpreter runs the graph once in its own dtypes (float32); no fusion can be expected
     to do better than this, and a bound below it blames even exact passes for rounding.
     """
-    return compare(run_graph(workload.graph, workload.inputs, dtype=None), workload.reference)
+    return workload.errors(run_graph(workload.reference_graph, workload.inputs, dtype=None))
 
 
 def _fmt_time(seconds: float) -> str:
@@ -254,12 +258,12 @@ def load_run_workload(options: RunOptions) -> Workload:
             raise UserError(
                 f"{name}: --size is for built-in workloads; fix an ONNX model's dimensions with --dim NAME=N or --input-shape NAME=AxB"
             )
-        return load_onnx_workload(OnnxSource.make(name, dims, shapes, inputs))
+        return load_workload(OnnxSource.make(name, dims, shapes, inputs), train=options.train)
     if dims or shapes or inputs:
         raise UserError(
             f"--dim, --input-shape and --inputs are for ONNX models (MODEL{ONNX_SUFFIX}), not the built-in workload {name!r}"
         )
-    return make_workload(name, **dict(options.sizes))
+    return load_workload(name, dict(options.sizes), options.train)
 
 
 def save_outputs(path: str | Path, outputs: Mapping[str, np.ndarray]) -> Path:
@@ -296,7 +300,8 @@ def run_command(options: RunOptions) -> int:
     drawn = []
     if inputs_file is not None:
         keys = set(input_file_keys(inputs_file))
-        drawn = [name for name in workload.graph.inputs if name not in keys]
+        weights = set(workload.train.params) if workload.train is not None else set()
+        drawn = [name for name in workload.graph.inputs if name not in keys and name not in weights]
         if drawn:
             listed = ", ".join(repr(n) for n in drawn)
             print(
@@ -386,6 +391,8 @@ def _record(
     }
     if dumps is not None:
         rec["dumps"] = str(dumps)
+    if r.train is not None:
+        rec["train"] = _train_record(r.train, r.program)
     if versus is not None:
         fused, off = versus
         noisy = [t for t in versus if t.noisy]
@@ -408,6 +415,17 @@ def _record(
             "noise": None if widest is None else describe_noise(widest),
         }
     return rec
+
+
+def _train_record(spec: TrainSpec, program: Program) -> dict[str, Any]:
+    g = program.graph
+    return {
+        "loss": spec.loss,
+        "optimizer": spec.optimizer,
+        "lr": spec.lr,
+        "parameters": len(spec.params),
+        "parameter_values": sum(g.values[p].size for p in spec.params),
+    }
 
 
 def _noise_lines(rec: Mapping[str, Any]) -> list[str]:
@@ -439,6 +457,12 @@ def _print_human(
     idle = [p for p in r.pipeline.report.passes_run if r.pipeline.report.matched(p) == 0]
     if idle:
         print(f"  no match: {', '.join(idle)}")
+    if "train" in rec:
+        t = rec["train"]
+        print(
+            f"training  one step: {t['loss']} loss, backward, {t['optimizer']} update (lr {t['lr']:g})"
+            f" of {t['parameters']} weights ({t['parameter_values']:,} values)"
+        )
     print(f"kernels   {rec['kernels_before']} before fusion -> {rec['kernels_after']} after")
     print(
         f"compile   {rec['compile_s']:.2f} s ({rec['kernels_compiled']} compiled,"

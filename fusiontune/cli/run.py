@@ -6,7 +6,15 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fusiontune.cli._options import assignment, int_at_least, path_or_none, shape_assignment
+from fusiontune.cli._options import (
+    assignment,
+    int_at_least,
+    path_or_none,
+    positive_finite,
+    shape_assignment,
+)
+from fusiontune.errors import UserError
+from fusiontune.ir.training import LOSSES, OPTIMIZERS, TrainSpec
 from fusiontune.workloads.builtin import list_workloads
 
 if TYPE_CHECKING:
@@ -114,6 +122,26 @@ def add_parser(sub: Any) -> None:
         " bytes, FLOPs and %% of the roofline (measured bandwidth and float32 FLOP peak), and the"
         " sum of the kernels against the whole program",
     )
+    train = p.add_argument_group("training step")
+    train.add_argument(
+        "--train",
+        action="store_true",
+        help="measure the model's training step instead of its inference: forward, loss, backward"
+        " and the optimizer's update of every weight; accuracy is that of the loss, the gradients"
+        " and the updated weights and optimizer state",
+    )
+    train.add_argument(
+        "--loss",
+        choices=LOSSES,
+        help="with --train: mse (against a random target, default) or cross_entropy (random labels"
+        " over the output's last axis)",
+    )
+    train.add_argument(
+        "--optimizer", choices=OPTIMIZERS, help="with --train: sgd (momentum 0.9, default) or adam"
+    )
+    train.add_argument(
+        "--lr", metavar="X", type=positive_finite("--lr"), help="with --train: the learning rate (default 1e-3)"
+    )
     p.add_argument(
         "--profile-top",
         metavar="N",
@@ -144,7 +172,18 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         json=args.json,
         profile=args.profile,
         profile_top=args.profile_top,
+        train=train_spec(args),
     )
+
+
+def train_spec(args: argparse.Namespace) -> TrainSpec | None:
+    """The training step ``--train``, ``--loss``, ``--optimizer`` and ``--lr`` ask for, or None."""
+    given = {k: getattr(args, k) for k in ("loss", "optimizer", "lr") if getattr(args, k) is not None}
+    if not args.train:
+        if given:
+            raise UserError(f"--{next(iter(given))} is an option of a training step: give --train too")
+        return None
+    return TrainSpec(**given)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -177,6 +177,15 @@ def swap_last(b: GraphBuilder, x: Tensor) -> Tensor:
 
 
 # ---- the backward builder --------------------------------------------------------------------------
+def extend(graph: Graph, dtype: str = "float32") -> GraphBuilder:
+    """A builder that holds ``graph`` and adds nodes after it, never reusing one of its node names.
+
+    ``builder.graph(name)`` returns what was built, unvalidated; finish it with
+    :class:`GraphEditor` (which drops what no output needs).
+    """
+    return _BackwardBuilder(graph, dtype)
+
+
 class _BackwardBuilder(GraphBuilder):
     """A builder that starts from a forward graph and never reuses one of its node names."""
 

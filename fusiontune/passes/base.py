@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fusiontune.config.fusion_config import FusionConfig
+    from fusiontune.ir.training import TrainSpec
 
 GRAPH_FUSION = "GraphFusion"
 UB_FUSION = "UBFusion"
@@ -217,10 +218,12 @@ class PassContext:
     Attributes:
         config: the resolved configuration (which passes are on, split point values).
         deny: applications to refuse, ``{pass name: {index, ...}}`` (bisection's second step).
+        train: the training step to build (the ``backward`` stage), or None for inference.
     """
 
     config: FusionConfig
     deny: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    train: TrainSpec | None = None
     current: PassInfo | None = None
     _stats: list[PatternStat] = field(default_factory=list)
     _apps: list[Application] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""The pipeline: canonicalize -> GraphFusion -> split -> UBFusion grouping -> split -> precision.
+"""The pipeline: canonicalize -> GraphFusion -> [backward] -> split -> UBFusion grouping -> split -> precision.
 
 The first stage, canonicalize, brings the graph to one normal form for the GraphFusion patterns:
 constant folding, identity elimination and the canonicalization rules (all exact, none
@@ -14,6 +14,11 @@ every pass that runs leaves its CANN log lines in the report, in execution order
 A pass that runs in several canonicalize rounds has one line per pattern, with the totals over
 the rounds, and its application indices run on across the rounds (unique per pass, stable for a
 given graph and configuration).
+
+A training step (``train`` given) adds the ``backward`` stage after GraphFusion: it writes the loss,
+the backward of the fused forward and the optimizer update (:mod:`fusiontune.ir.training`), then
+runs the canonicalize stage again over the whole step, so the UBFusion passes group forward and
+backward kernels alike. Without ``train`` the stage does not run and leaves no log line.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import TypeVar
 
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.graph import Graph
+from fusiontune.ir.training import TrainSpec
 from fusiontune.passes.base import GRAPH_FUSION, FusionReport, PassContext, PassInfo
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.registry import PASSES, STAGES
@@ -32,6 +38,7 @@ from fusiontune.passes.registry import PASSES, STAGES
 log = logging.getLogger("fusiontune.passes")
 
 CANONICALIZE = "canonicalize"
+BACKWARD = "backward"
 MAX_CANONICALIZE_ROUNDS = 16
 """Rounds of the canonicalize stage after which its rules count as not terminating."""
 
@@ -50,6 +57,7 @@ def run_pipeline(
     config: FusionConfig,
     deny: Mapping[str, frozenset[int]] | None = None,
     on_stage: Callable[[str, FusedGraph], None] | None = None,
+    train: TrainSpec | None = None,
 ) -> PipelineResult:
     """Rewrite ``graph`` with the passes ``config`` enables.
 
@@ -58,16 +66,19 @@ def run_pipeline(
         config: the resolved configuration.
         deny: applications to refuse, by pass name and application index (bisection).
         on_stage: called with each stage's name and result (graph dumps).
+        train: make ``graph`` (a forward whose parameters are inputs) a training step.
 
     Returns:
         The fused graph, the fusion report, and a snapshot after each stage.
     """
-    ctx = PassContext(config=config, deny=dict(deny or {}))
+    ctx = PassContext(config=config, deny=dict(deny or {}), train=train)
     current = graph
     fused: FusedGraph | None = None
     snapshots: list[tuple[str, FusedGraph]] = [("input", FusedGraph.singletons(graph))]
     for stage in STAGES:
         infos = [p for p in PASSES if p.stage == stage and config.enabled(p.name)]
+        if stage == BACKWARD and train is None:
+            continue
         if stage == CANONICALIZE:
             current = _canonicalize(current, infos, ctx)
         else:
@@ -82,6 +93,9 @@ def run_pipeline(
                         fused = FusedGraph.singletons(current)
                     fused = fn(fused, ctx)
                 ctx.end(getattr(fn, "patterns", ()))
+        if stage == BACKWARD:
+            canonical = [p for p in PASSES if p.stage == CANONICALIZE and config.enabled(p.name)]
+            current = _canonicalize(current, canonical, ctx)
         snap = fused if fused is not None else FusedGraph.singletons(current)
         snapshots.append((stage, snap))
         if on_stage is not None:

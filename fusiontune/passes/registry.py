@@ -17,6 +17,7 @@ from fusiontune.passes.base import GRAPH_FUSION, UB_FUSION, PassInfo, SplitPoint
 STAGES = (
     "canonicalize",
     "graph",
+    "backward",
     "split_pre",
     "ub_epilogue",
     "ub_basic",
@@ -130,6 +131,11 @@ PASSES: tuple[PassInfo, ...] = (
     _p("SplitConcatFusionPass", ("split_concat_fusion",), GRAPH_FUSION, "graph",
        f"{_G}.split_concat:split_concat_fusion",
        "Concat of a Split's pieces in order -> the input (or one Slice)"),
+    # ---- backward: a training step's loss, backward and optimizer update (training only) --------
+    _p("AutodiffPass", ("autodiff",), GRAPH_FUSION, "backward",
+       f"{_G}.autodiff:autodiff",
+       "training only: add the loss, the backward of the fused forward and the optimizer update",
+       switchable=False),
     # ---- split fusion before grouping: cut an op into parts that fuse with different neighbours --
     _p("NormSplitFusionPass", ("norm_split_fusion",), UB_FUSION, "split_pre",
        f"{_U}.norm_split:norm_split_fusion",

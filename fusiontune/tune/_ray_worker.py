@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.errors import UserError
+from fusiontune.ir.training import TrainSpec
 from fusiontune.measure import MeasureConfig
 from fusiontune.passes.pipeline import run_pipeline
 from fusiontune.runtime import build_program
@@ -113,7 +114,11 @@ class TuneWorker:
     """
 
     def __init__(
-        self, workload_name: str | OnnxSource, sizes: Mapping[str, int], hook: FaultHook
+        self,
+        workload_name: str | OnnxSource,
+        sizes: Mapping[str, int],
+        hook: FaultHook,
+        train: TrainSpec | None = None,
     ) -> None:
         import ray
 
@@ -130,7 +135,7 @@ class TuneWorker:
         self._limit_threads()
         try:
             # a built-in workload's name, or an OnnxSource (an ONNX space)
-            self.workload = load_workload(workload_name, sizes)
+            self.workload = load_workload(workload_name, sizes, train)
         except UserError as exc:  # reported by info(); the driver raises it as one line
             self.error = str(exc)
             return
@@ -144,7 +149,7 @@ class TuneWorker:
         """
         assert self.workload is not None
         try:
-            build_program(run_pipeline(self.workload.graph, FusionConfig.defaults()).fused)
+            build_program(run_pipeline(self.workload.graph, FusionConfig.defaults(), train=self.workload.train).fused)
         except Exception:  # the defaults' own failure is reported when they are requested
             pass
 

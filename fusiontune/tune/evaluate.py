@@ -23,7 +23,8 @@ import numpy as np
 from fusiontune.codegen.plan import group_sources
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.graph import Graph
-from fusiontune.measure import ErrorMetrics, MeasureConfig, Timing, compare, time_stable
+from fusiontune.ir.training import TrainSpec
+from fusiontune.measure import ErrorMetrics, MeasureConfig, Timing, time_stable
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.runtime import Program, build_program
@@ -48,9 +49,9 @@ def fused_fingerprint(fused: FusedGraph) -> str:
     return h.hexdigest()[:16]
 
 
-def program_hash(graph: Graph, config: FusionConfig, deny: Deny = ()) -> str:
+def program_hash(graph: Graph, config: FusionConfig, deny: Deny = (), train: TrainSpec | None = None) -> str:
     """The program hash of ``config`` on ``graph`` without compiling anything (milliseconds)."""
-    return fused_fingerprint(run_pipeline(graph, config, deny_map(deny)).fused)
+    return fused_fingerprint(run_pipeline(graph, config, deny_map(deny), train=train).fused)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def build_candidate(workload: Workload, config: FusionConfig, deny: Deny = ()) -
 
     ``deny`` refuses single applications of passes (bisection), see :class:`EvalRequest`.
     """
-    pipeline = run_pipeline(workload.graph, config, deny_map(deny))
+    pipeline = run_pipeline(workload.graph, config, deny_map(deny), train=workload.train)
     phash = fused_fingerprint(pipeline.fused)
     return Candidate(config, pipeline, build_program(pipeline.fused), phash, deny)
 
@@ -119,7 +120,7 @@ def check_and_time(
     """
     outputs = {k: np.array(v) for k, v in program.run(workload.inputs).items()}
     try:
-        errors = compare(outputs, workload.reference)
+        errors = workload.errors(outputs)
     except (KeyError, ValueError) as exc:  # a missing output, or one of the wrong shape
         raise WrongResult(str(exc)) from exc
     times = Timing.not_timed()
@@ -201,7 +202,7 @@ def evaluate_request(workload: Workload, request: EvalRequest, measure: MeasureC
     except Exception as exc:  # a candidate's failure is a value, not a crash of the sweep
         phash = ""
         try:
-            phash = program_hash(workload.graph, config, request.deny)
+            phash = program_hash(workload.graph, config, request.deny, workload.train)
         except Exception:
             pass
         return EvalResult.failure(

@@ -104,6 +104,7 @@ def create_evaluator(
         workers,
         address=ray_address,
         trial_timeout_s=space.trial_timeout_s,
+        train=space.train,
     )
     return CreatedEvaluator(evaluator)
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fusiontune.errors import UserError
+from fusiontune.ir.training import TrainSpec
 from fusiontune.measure import MeasureConfig
 from fusiontune.tune._ray_cluster import measuring_nodes, start_ray, stop_ray
 from fusiontune.tune._ray_worker import (
@@ -89,6 +90,7 @@ class RayEvaluator:
         trial_timeout_s: limit on one request's own build plus measurement time (waiting for a
             free actor or measure slot does not count); the measurement gets at least 1 s.
         fault_hook: fault injection for tests, see :class:`FaultHook`.
+        train: measure the workload's training step (each actor builds it) instead of its inference.
 
     Raises:
         UserError: the cluster cannot be reached, no node has the measure slot, or the workload
@@ -104,6 +106,7 @@ class RayEvaluator:
         address: str | None = None,
         trial_timeout_s: float = 300.0,
         fault_hook: str | None = None,
+        train: TrainSpec | None = None,
     ) -> None:
         if workers < 1:
             raise UserError(
@@ -114,6 +117,7 @@ class RayEvaluator:
         self.workload_name = workload_name
         self.workers = workers
         self.sizes = dict(sizes)
+        self.train = train
         self.measure = measure
         self.trial_timeout_s = float(trial_timeout_s)
         self.hook = FaultHook.parse(fault_hook)
@@ -204,7 +208,7 @@ class RayEvaluator:
         slot.actor = (
             worker_actor()
             .options(scheduling_strategy=strategy)
-            .remote(self.workload_name, self.sizes, self.hook)
+            .remote(self.workload_name, self.sizes, self.hook, self.train)
         )
         slot.node, slot.host = node, ""
         slot.starting = slot.actor.info.remote()

@@ -48,7 +48,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.errors import UserError
-from fusiontune.ir.graph import Graph
 from fusiontune.measure import machine_info
 from fusiontune.tune._console import StopSignal, format_seconds, progress_bar
 from fusiontune.tune._storage import display_url, open_storage
@@ -67,6 +66,7 @@ from fusiontune.tune.store import (
     constraint_of,
     interrupted,
 )
+from fusiontune.workloads import Workload
 from fusiontune.workloads.onnx_model import space_workload
 from fusiontune.workloads.space import (
     SearchSpace,
@@ -160,7 +160,7 @@ def run_tune(
     seed: int | None = None,
     batch_size: int | None = None,
     progress: bool = True,
-    graph: Graph | None = None,
+    workload: Workload | None = None,
     stop_when: Callable[[FrozenTrial], bool] | None = None,
     max_runs: int | None = None,
 ) -> TuneResult:
@@ -178,8 +178,9 @@ def run_tune(
         seed: the sampler seed; the space's seed when None.
         batch_size: trials per batch; the evaluator's ``workers`` (1 when it has none).
         progress: show a progress bar on a terminal, progress lines elsewhere (``_console``).
-        graph: the workload graph for program hashes; built from the space when None (a
-            command target has none: a configuration's key stands for its program).
+        workload: the workload whose graph (and training step) give program hashes; built from
+            the space when None (a command target has none: a configuration's key stands for its
+            program).
         stop_when: called with every trial told; when it returns True the loop stops after
             the batch in flight (``stopped_reason`` "stop_when"), e.g. once a target is reached.
         max_runs: a budget of job runs for this call (a command target; racing's saved runs go
@@ -216,10 +217,10 @@ def run_tune(
         # A resumed study continues the seeded sequence instead of drawing its first points
         # again (the same seed would repeat every earlier window's random and start-up trials).
         study.sampler = make_sampler(sampler_name, space, (seed + earlier) % 2**32, n_trials, trial_constraint).sampler
-    if graph is None and space.target is None:
-        graph = space_workload(space).graph
+    if workload is None and space.target is None:
+        workload = space_workload(space)
     batch = batch_size or int(getattr(evaluator, "workers", 0) or 1)
-    sweep = _Sweep(store, space, evaluator, choice, graph, sampler_name == "grid", stop_when)
+    sweep = _Sweep(store, space, evaluator, choice, workload, sampler_name == "grid", stop_when)
     return sweep.run(
         n_trials, timeout_s, max(1, batch), progress, display_url(storage_url), max_runs
     )
@@ -308,7 +309,7 @@ class _Sweep:
         space: SearchSpace,
         evaluator: Evaluator,
         choice: SamplerChoice,
-        graph: Graph | None,
+        workload: Workload | None,
         is_grid: bool,
         stop_when: Callable[[FrozenTrial], bool] | None = None,
     ) -> None:
@@ -317,7 +318,7 @@ class _Sweep:
         self.space = space
         self.evaluator = evaluator
         self.choice = choice
-        self.graph = graph
+        self.workload = workload
         self.is_grid = is_grid
         self.stop_when = stop_when
         self.stop_requested = False
@@ -477,7 +478,8 @@ class _Sweep:
             return _Asked(trial, None, "", f"parameters do not resolve: {e}")
         try:
             # A command target's program is the job's business: the same switches, the same job.
-            phash = config.key() if self.graph is None else program_hash(self.graph, config)
+            w = self.workload
+            phash = config.key() if w is None else program_hash(w.graph, config, train=w.train)
         except Exception:  # the evaluator will report the same failure with its message
             phash = ""
         self.store.record_asked(trial, config, phash)

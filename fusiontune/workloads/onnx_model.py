@@ -30,11 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from fusiontune.errors import UserError
 from fusiontune.ir.graph import Graph, Node, Value
 from fusiontune.ir.interpreter import random_inputs, run_graph
 from fusiontune.ir.onnx_import import InputFileError, OnnxImport
+from fusiontune.ir.training import TrainSpec
 from fusiontune.workloads._memory import check_fits, input_bytes, workload_bytes
-from fusiontune.workloads.workload import Workload
+from fusiontune.workloads.workload import Workload, training_workload
 
 ONNX_SUFFIX = ".onnx"
 
@@ -324,17 +326,29 @@ def load_onnx_workload(source: OnnxSource, seed: int = 0) -> Workload:
     return Workload(source.name, graph, inputs, reference, dict(imported.dims))
 
 
-def load_workload(source: str | OnnxSource, sizes: Mapping[str, int] | None = None) -> Workload:
+def load_workload(
+    source: str | OnnxSource, sizes: Mapping[str, int] | None = None, train: TrainSpec | None = None
+) -> Workload:
     """Build a workload from a built-in name and its sizes, or from an :class:`OnnxSource`.
 
+    With ``train``, the workload is the model's training step (:func:`training_workload`).
+
     Raises:
-        UserError: as :func:`~fusiontune.workloads.builtin.make_workload` or the ONNX import.
+        UserError: as :func:`~fusiontune.workloads.builtin.make_workload` or the ONNX import, or a
+            training step that does not fit the model (no weights, no such output...).
     """
     if isinstance(source, OnnxSource):
-        return load_onnx_workload(source)
-    from fusiontune.workloads.builtin import make_workload
+        workload = load_onnx_workload(source)
+    else:
+        from fusiontune.workloads.builtin import make_workload
 
-    return make_workload(source, **dict(sizes or {}))
+        workload = make_workload(source, **dict(sizes or {}))
+    if train is None:
+        return workload
+    try:
+        return training_workload(workload, train)
+    except (ValueError, NotImplementedError) as e:
+        raise UserError(f"{workload.name}: cannot train: {e}") from None
 
 
 def workload_source(space: Any) -> str | OnnxSource:
@@ -344,4 +358,4 @@ def workload_source(space: Any) -> str | OnnxSource:
 
 def space_workload(space: Any) -> Workload:
     """Build the workload a :class:`~fusiontune.workloads.space.SearchSpace` names, of either kind."""
-    return load_workload(workload_source(space), dict(space.sizes))
+    return load_workload(workload_source(space), dict(space.sizes), getattr(space, "train", None))

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from fusiontune.config.fusion_config import FusionConfig, JobPass
 from fusiontune.errors import UserError, read_user_file
+from fusiontune.ir.training import LOSSES, OPTIMIZERS, TrainSpec
 from fusiontune.measure import METRICS, MeasureConfig
 from fusiontune.passes.base import PassInfo, SplitPoint
 from fusiontune.passes.registry import PASSES, closest, lookup
@@ -65,6 +66,8 @@ def is_study_name(name: object) -> bool:
     """
     return isinstance(name, str) and _STUDY_NAME.fullmatch(name) is not None
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_TRAIN_KEYS = ("train", "loss", "optimizer", "lr")
+"""The keys of ``[workload]`` that make it a training step."""
 _SECTIONS = ("name", "workload", "target", "passes", "split_points", "accuracy", "measure", "search")
 _SEARCH_KEYS = (
     "sampler",
@@ -119,6 +122,8 @@ class SearchSpace:
             ``inputs = "arrays.npz"``, the arrays it runs on), its paths made absolute; None for a
             built-in workload. Build either kind with
             :func:`fusiontune.workloads.onnx_model.space_workload`.
+        train: the training step the space tunes (``[workload] train = true``, with ``loss``,
+            ``optimizer`` and ``lr``); None: the model's inference.
     """
 
     path: str
@@ -142,6 +147,7 @@ class SearchSpace:
     baseline_minutes: float = 30.0
     target: CommandTarget | None = None
     onnx: OnnxSource | None = None
+    train: TrainSpec | None = None
 
     @property
     def passes(self) -> tuple[JobPass, ...] | None:
@@ -506,9 +512,9 @@ class _Loader:
                 'missing: add [workload] with name = "<a built-in workload>", or a [target] to'
                 " tune your own job",
             )
-        workload, sizes, onnx = self.workload(
-            self.table(data, "workload", ("name", "sizes", "onnx", "dims", "input_shapes", "inputs"))
-        )
+        table = self.table(data, "workload", ("name", "sizes", "onnx", "dims", "input_shapes", "inputs", *_TRAIN_KEYS))
+        workload, sizes, onnx = self.workload(table)
+        train = self.train(table)
         searched, fixed = self.passes(self.table(data, "passes", ("search", "fixed")))
         splits = self.split_points(data.get("split_points", {}), searched, fixed)
         accuracy = self.table(data, "accuracy", ("metric", "bound"))
@@ -536,6 +542,7 @@ class _Loader:
             ),
             **self.search(search, top_k=5, workers=2),
             onnx=onnx,
+            train=train,
         )
         size = grid_size(space)
         if size == 1:
@@ -668,6 +675,23 @@ class _Loader:
         except (UserError, ValueError) as e:
             self.fail("workload.sizes", str(e))
         return name, sizes, None
+
+    def train(self, table: dict[str, Any]) -> TrainSpec | None:
+        """``train = true`` with ``loss``, ``optimizer``, ``lr``: the training step, or None."""
+        train = self.boolean(table.get("train", False), "workload.train")
+        if not train:
+            for key in _TRAIN_KEYS[1:]:
+                if key in table:
+                    self.fail(f"workload.{key}", "an option of a training step: add train = true")
+            return None
+        given: dict[str, Any] = {}
+        if "loss" in table:
+            given["loss"] = self.choice(table["loss"], "workload.loss", LOSSES, "loss")
+        if "optimizer" in table:
+            given["optimizer"] = self.choice(table["optimizer"], "workload.optimizer", OPTIMIZERS, "optimizer")
+        if "lr" in table:
+            given["lr"] = self.positive(table["lr"], "workload.lr")
+        return TrainSpec(**given)
 
     def onnx_workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int], OnnxSource]:
         """``onnx = "model.onnx"`` (relative to the space file), ``[workload.dims]``, ``[workload.input_shapes]``,

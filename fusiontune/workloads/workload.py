@@ -3,18 +3,32 @@
 A :class:`Workload` is what every evaluator loads once and then measures many configurations
 against: the graph the passes rewrite, the inputs every program runs on, and the outputs of the
 float64 interpreter on the *unfused* graph, which every accuracy metric compares with.
+
+A training workload (:func:`training_workload`) holds the forward graph with its weights made
+inputs, and a :class:`~fusiontune.ir.training.TrainSpec`: the pipeline makes the step of the fused
+forward (``run_pipeline(..., train=workload.train)``), and the reference is the step of the unfused
+one: the loss, every gradient and every updated weight and optimizer state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
 
 from fusiontune.ir.graph import Graph
 from fusiontune.ir.interpreter import random_inputs, run_graph
+from fusiontune.ir.training import (
+    TrainSpec,
+    compared_as_one,
+    parameters,
+    promote_parameters,
+    step_inputs,
+    training_step,
+)
+from fusiontune.measure.accuracy import ErrorMetrics, compare
 
 GraphMaker = Callable[..., Graph]
 """A workload builder: keyword size parameters -> the graph (weights are built in, deterministic)."""
@@ -90,6 +104,7 @@ class Workload:
         inputs: one array per graph input, in the graph's dtypes.
         reference: the float64 outputs of the interpreter on ``graph`` and ``inputs``.
         params: the size parameters the graph was built with.
+        train: for a training step, how ``graph`` (the forward) becomes the step; None: inference.
     """
 
     name: str
@@ -97,10 +112,28 @@ class Workload:
     inputs: Mapping[str, np.ndarray]
     reference: Mapping[str, np.ndarray]
     params: Mapping[str, int]
+    train: TrainSpec | None = None
 
     def __post_init__(self) -> None:
         for key in ("inputs", "reference", "params"):
             object.__setattr__(self, key, MappingProxyType(dict(getattr(self, key))))
+
+    def errors(self, outputs: Mapping[str, np.ndarray]) -> ErrorMetrics:
+        """``outputs`` against the reference; a training step's gradients, weights and states
+        each as one vector (:func:`fusiontune.ir.training.compared_as_one`).
+
+        Raises:
+            KeyError: an output is missing.
+            ValueError: an output has the wrong shape.
+        """
+        if self.train is None:
+            return compare(outputs, self.reference)
+        return compare(compared_as_one(outputs, self.reference), compared_as_one(self.reference, self.reference))
+
+    @property
+    def reference_graph(self) -> Graph:
+        """The unfused graph the reference runs: ``graph``, or the training step of it."""
+        return self.graph if self.train is None else training_step(self.graph, self.train)
 
 
 def build_workload(spec: WorkloadSpec, sizes: Mapping[str, int]) -> Workload:
@@ -117,3 +150,25 @@ def build_workload(spec: WorkloadSpec, sizes: Mapping[str, int]) -> Workload:
     inputs = spec.inputs.make(graph)
     reference = run_graph(graph, inputs, "float64")
     return Workload(spec.name, graph, inputs, reference, dict(sizes))
+
+
+def training_workload(workload: Workload, spec: TrainSpec, seed: int = 0) -> Workload:
+    """The training step of ``workload``'s model, with ``spec``'s loss and optimizer.
+
+    The weights (:func:`fusiontune.ir.training.parameters`, unless ``spec.params`` names them)
+    become inputs bound to their values; the loss's target or labels and the optimizer state are
+    drawn with ``seed``. The reference is the float64 step of the unfused forward.
+
+    Raises:
+        ValueError: the model has no weights, or ``spec`` does not fit it (no such output...).
+    """
+    if workload.train is not None:
+        return workload
+    params = spec.params or parameters(workload.graph)
+    if not params:
+        raise ValueError(f"{workload.name}: the model has no weights to train")
+    forward, values = promote_parameters(workload.graph, params)
+    spec = replace(spec, params=params)
+    inputs = {**workload.inputs, **values, **step_inputs(forward, spec, seed)}
+    reference = run_graph(training_step(forward, spec), inputs, "float64")
+    return Workload(workload.name, forward, inputs, reference, workload.params, spec)
