@@ -35,7 +35,7 @@ from fusiontune.config.fusion_result import write_fusion_result
 from fusiontune.config.switch_file import load_config
 from fusiontune.errors import UserError
 from fusiontune.ir.interpreter import run_graph
-from fusiontune.ir.training import TrainSpec
+from fusiontune.ir.training import LOSS, TrainSpec
 from fusiontune.measure import (
     ErrorMetrics,
     MeasureConfig,
@@ -493,6 +493,8 @@ def _print_human(
         for line in format_profile(profile, top):
             print(line)
     for name, arr in r.outputs.items():
+        if r.train is not None and name != LOSS:
+            continue  # a step's gradients and weights: --save-outputs writes them
         if arr.size <= SMALL_OUTPUT:
             print(f"result {name}: {np.array2string(arr, precision=6, suppress_small=False)}")
     print(f"wrote     {rec['fusion_result']}")
