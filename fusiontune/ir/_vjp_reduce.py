@@ -38,7 +38,9 @@ def _reduce_mean(c: VjpContext) -> Sequence[Tensor | None]:
     count = 1
     for a in axes:
         count *= c.x().shape[a]
-    return [c.b.expand(c.b.mul(reshape(c.b, c.g, kept), 1.0 / max(count, 1)), c.x().shape)]
+    # Divided by the count (an integer, exact in float32 below 2**24), not multiplied by its
+    # reciprocal: a float32 constant 1/n would put float32 rounding into the float64 reference.
+    return [c.b.expand(c.b.div(reshape(c.b, c.g, kept), float(max(count, 1))), c.x().shape)]
 
 
 @vjp("ReduceMax")
