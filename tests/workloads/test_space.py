@@ -55,19 +55,27 @@ def error_of(text: str, path: str = "search_spaces/x.toml") -> str:
 
 
 # ---- the shipped files -----------------------------------------------------------------------------
+TRAIN_SUFFIX = "_train"
+
 def test_one_shipped_space_per_builtin_workload_and_per_model() -> None:
     assert len(MODELS) == 3
-    assert sorted(p.stem for p in SHIPPED) == sorted([*WORKLOADS, *(m.stem for m in MODELS)])
+    inference = [p.stem for p in SHIPPED if not p.stem.endswith(TRAIN_SUFFIX)]
+    assert sorted(inference) == sorted([*WORKLOADS, *(m.stem for m in MODELS)])
+    # Training spaces are named after what they train: <workload or model>_train.
+    trained = [p.stem.removesuffix(TRAIN_SUFFIX) for p in SHIPPED if p.stem.endswith(TRAIN_SUFFIX)]
+    assert "transformer_block" in trained and set(trained) <= set(inference)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_shipped_space_loads_and_is_small_enough_for_minutes(path: Path) -> None:
     space = load_space(path)
-    assert space.workload == path.stem == space.name
+    model = path.stem.removesuffix(TRAIN_SUFFIX)
+    assert (space.train is not None) == path.stem.endswith(TRAIN_SUFFIX)
+    assert space.workload == model and space.name == path.stem
     if space.onnx is None:
         assert dict(space.sizes) == dict(WORKLOADS[space.workload].sizes)
     else:
-        assert Path(space.onnx.path) == SPACES_DIR / "models" / f"{path.stem}.onnx"
+        assert Path(space.onnx.path) == SPACES_DIR / "models" / f"{model}.onnx"
     assert space.trials <= 50 and space.workers == 2
     assert space.measure.repeat <= 7 and space.measure.min_repeat_ms <= 10
     assert space.metric == "max_rel" and 0 < space.bound <= 1e-3
