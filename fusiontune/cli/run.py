@@ -137,6 +137,11 @@ def add_parser(sub: Any) -> None:
         " over the output's last axis)",
     )
     train.add_argument(
+        "--loss-output",
+        metavar="NAME",
+        help="with --train: the model output the loss reads (default: its first float output)",
+    )
+    train.add_argument(
         "--optimizer", choices=OPTIMIZERS, help="with --train: sgd (momentum 0.9, default) or adam"
     )
     train.add_argument(
@@ -178,11 +183,14 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 def train_spec(args: argparse.Namespace) -> TrainSpec | None:
     """The training step ``--train``, ``--loss``, ``--optimizer`` and ``--lr`` ask for, or None."""
-    given = {k: getattr(args, k) for k in ("loss", "optimizer", "lr") if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in ("loss", "loss_output", "optimizer", "lr") if getattr(args, k) is not None}
     if not args.train:
         if given:
-            raise UserError(f"--{next(iter(given))} is an option of a training step: give --train too")
+            option = next(iter(given)).replace("_", "-")
+            raise UserError(f"--{option} is an option of a training step: give --train too")
         return None
+    if "loss_output" in given:
+        given["output"] = given.pop("loss_output")
     return TrainSpec(**given)
 
 

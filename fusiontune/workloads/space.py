@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from fusiontune.config.fusion_config import FusionConfig, JobPass
 from fusiontune.errors import UserError, read_user_file
-from fusiontune.ir.training import LOSSES, OPTIMIZERS, TrainSpec
+from fusiontune.ir.graph import Graph
+from fusiontune.ir.training import LOSSES, OPTIMIZERS, TrainSpec, loss_output
 from fusiontune.measure import METRICS, MeasureConfig
 from fusiontune.passes.base import PassInfo, SplitPoint
 from fusiontune.passes.registry import PASSES, closest, lookup
-from fusiontune.workloads.builtin import WORKLOADS
+from fusiontune.workloads.builtin import WORKLOADS, graph_shapes
 from fusiontune.workloads.onnx_model import InputFileError, OnnxSource, file_inputs
 from fusiontune.workloads.target import CommandTarget, load_job_passes, load_target
 from fusiontune.workloads.target import toml_kind as _kind
@@ -66,7 +67,7 @@ def is_study_name(name: object) -> bool:
     """
     return isinstance(name, str) and _STUDY_NAME.fullmatch(name) is not None
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_TRAIN_KEYS = ("train", "loss", "optimizer", "lr")
+_TRAIN_KEYS = ("train", "loss", "loss_output", "optimizer", "lr")
 """The keys of ``[workload]`` that make it a training step."""
 _SECTIONS = ("name", "workload", "target", "passes", "split_points", "accuracy", "measure", "search")
 _SEARCH_KEYS = (
@@ -513,8 +514,8 @@ class _Loader:
                 " tune your own job",
             )
         table = self.table(data, "workload", ("name", "sizes", "onnx", "dims", "input_shapes", "inputs", *_TRAIN_KEYS))
-        workload, sizes, onnx = self.workload(table)
-        train = self.train(table)
+        workload, sizes, onnx, graph = self.workload(table)
+        train = self.train(table, graph)
         searched, fixed = self.passes(self.table(data, "passes", ("search", "fixed")))
         splits = self.split_points(data.get("split_points", {}), searched, fixed)
         accuracy = self.table(data, "accuracy", ("metric", "bound"))
@@ -651,7 +652,7 @@ class _Loader:
             self.fail(key, f"must be > 0, got {value}")
         return number
 
-    def workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int], OnnxSource | None]:
+    def workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int], OnnxSource | None, Graph]:
         if "onnx" in table:
             return self.onnx_workload(table)
         for key in ("dims", "input_shapes", "inputs"):
@@ -671,13 +672,16 @@ class _Loader:
             self.integer(value, where, low=1)
         sizes = {**spec.sizes, **given}
         try:  # building the graph checks that the sizes fit together (hidden % heads, ...)
-            spec.build(**sizes)
+            graph = graph_shapes(spec, sizes)
         except (UserError, ValueError) as e:
             self.fail("workload.sizes", str(e))
-        return name, sizes, None
+        return name, sizes, None, graph
 
-    def train(self, table: dict[str, Any]) -> TrainSpec | None:
-        """``train = true`` with ``loss``, ``optimizer``, ``lr``: the training step, or None."""
+    def train(self, table: dict[str, Any], graph: Graph) -> TrainSpec | None:
+        """``train = true`` with ``loss``, ``loss_output``, ``optimizer``, ``lr``: the step, or None.
+
+        ``graph`` is the model's (its outputs are what ``loss_output`` may name).
+        """
         train = self.boolean(table.get("train", False), "workload.train")
         if not train:
             for key in _TRAIN_KEYS[1:]:
@@ -691,9 +695,19 @@ class _Loader:
             given["optimizer"] = self.choice(table["optimizer"], "workload.optimizer", OPTIMIZERS, "optimizer")
         if "lr" in table:
             given["lr"] = self.positive(table["lr"], "workload.lr")
-        return TrainSpec(**given)
+        if "loss_output" in table:
+            outputs = tuple(graph.outputs)
+            given["output"] = self.choice(table["loss_output"], "workload.loss_output", outputs, "output")
+        spec = TrainSpec(**given)
+        try:
+            out = graph.values[loss_output(graph, spec)]
+        except ValueError as e:
+            self.fail("workload.loss_output", str(e))
+        if spec.loss == "cross_entropy" and (not out.shape or out.shape[-1] < 2):
+            self.fail("workload.loss", f"cross_entropy needs classes on the last axis of {out.name!r}, shape {out.shape}")
+        return spec
 
-    def onnx_workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int], OnnxSource]:
+    def onnx_workload(self, table: dict[str, Any]) -> tuple[str, dict[str, int], OnnxSource, Graph]:
         """``onnx = "model.onnx"`` (relative to the space file), ``[workload.dims]``, ``[workload.input_shapes]``,
         ``inputs = "arrays.npz"`` (relative to the space file: the arrays the model runs on)."""
         for key in ("name", "sizes"):
@@ -735,7 +749,7 @@ class _Loader:
             self.fail("workload.inputs", str(e))
         except UserError as e:
             self.fail("workload.onnx", str(e))
-        return source.name, dict(imported.dims), source
+        return source.name, dict(imported.dims), source, imported.graph
 
     def passes(self, table: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, bool]]:
         fixed_table = table.get("fixed", {})

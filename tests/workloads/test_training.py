@@ -264,3 +264,17 @@ def test_a_bad_training_key_is_one_line_naming_it(extra: str, message: str) -> N
     assert str(exc.value).startswith(message)
     assert "\n" not in str(exc.value)
 
+
+
+def test_the_loss_reads_the_output_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["run", "mlp", "--size", "batch=4", "--size", "hidden=16", "--repeat", "3", "--out", str(tmp_path), "--train"]
+    assert main([*args, "--loss-output", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot train" in err and "no output 'nope' for the loss" in err and len(err.splitlines()) == 1
+    output = make_workload("mlp", **SIZES).graph.outputs[0]
+    assert main([*args, "--loss-output", output, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["train"]["loss"] == "mse"
+    with pytest.raises(SpaceError, match=r"^s.toml: workload.loss_output: unknown output 'nope'"):
+        loads_space(_SPACE.format(extra='train = true\nloss_output = "nope"'), "s.toml")
+    space = loads_space(_SPACE.format(extra=f'train = true\nloss_output = "{output}"'), "s.toml")
+    assert space.train is not None and space.train.output == output
