@@ -29,6 +29,7 @@ from fusiontune.ir.training import (
     training_step,
 )
 from fusiontune.measure.accuracy import ErrorMetrics, compare
+from fusiontune.workloads._memory import check_fits, workload_bytes
 
 GraphMaker = Callable[..., Graph]
 """A workload builder: keyword size parameters -> the graph (weights are built in, deterministic)."""
@@ -161,6 +162,8 @@ def training_workload(workload: Workload, spec: TrainSpec, seed: int = 0) -> Wor
 
     Raises:
         ValueError: the model has no weights, or ``spec`` does not fit it (no such output...).
+        UserError: the step's float64 reference (every value of forward and backward at once)
+            needs more memory than the machine has available.
     """
     if workload.train is not None:
         return workload
@@ -169,6 +172,12 @@ def training_workload(workload: Workload, spec: TrainSpec, seed: int = 0) -> Wor
         raise ValueError(f"{workload.name}: the model has no weights to train")
     forward, values = promote_parameters(workload.graph, params)
     spec = replace(spec, params=params)
+    step = training_step(forward, spec)
+    check_fits(
+        workload_bytes(step),
+        f"the training step of {workload.name}",
+        "inputs, weights, optimizer state and the float64 reference of forward and backward",
+    )
     inputs = {**workload.inputs, **values, **step_inputs(forward, spec, seed)}
-    reference = run_graph(training_step(forward, spec), inputs, "float64")
+    reference = run_graph(step, inputs, "float64")
     return Workload(workload.name, forward, inputs, reference, workload.params, spec)

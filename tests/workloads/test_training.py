@@ -278,3 +278,16 @@ def test_the_loss_reads_the_output_named(tmp_path: Path, capsys: pytest.CaptureF
         loads_space(_SPACE.format(extra='train = true\nloss_output = "nope"'), "s.toml")
     space = loads_space(_SPACE.format(extra=f'train = true\nloss_output = "{output}"'), "s.toml")
     assert space.train is not None and space.train.output == output
+
+
+def test_a_step_too_big_for_the_machine_is_refused_before_its_reference_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fusiontune.errors import UserError
+    from fusiontune.workloads import _memory
+
+    inference = make_workload("mlp", **SIZES)  # fits: a few KiB
+    monkeypatch.setattr(_memory, "available_memory", lambda: 64 * 1024)
+    ran: list[str] = []
+    monkeypatch.setattr("fusiontune.workloads.workload.run_graph", lambda *a, **k: ran.append("ran"))
+    with pytest.raises(UserError, match=r"^the training step of mlp needs about .* available"):
+        training_workload(inference, TrainSpec())
+    assert not ran
