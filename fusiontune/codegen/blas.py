@@ -7,7 +7,9 @@ external functions, so compiled kernels refer to them by name and load from the 
 process that imported this module (every generated kernel module does).
 
 Row-major ``out = a @ b`` is computed as the column-major ``out^T = b^T @ a^T``: no copies.
-Three entry points, one call: ``gemm32/64(a, b, out)`` on whole arrays (MatMul kernels),
+Four entry points, one call: ``gemm32/64(a, b, out)`` on whole arrays (MatMul kernels),
+``gemm_t32/64(a, b, out, ta, tb)`` on row-strided views read transposed (MatMul ``trans_a`` /
+``trans_b``),
 ``gemm_at32/64`` on addresses and row strides (the Conv kernels' strided views), and
 ``gemm32_ex/64_ex`` with explicit transposes and caller-held scratch (the Attention kernel).
 """
@@ -92,6 +94,37 @@ gemm32 = _make(gemm_at32)
 gemm64 = _make(gemm_at64)
 
 
-def gemm_name(dtype: str) -> str:
-    """The gemm a kernel of ``dtype`` calls."""
+def _make_t(gemm_ex: Any, dtype: type, width: int) -> Callable[..., None]:
+    @numba.njit(cache=True, nogil=True)
+    def gemm_t(a, b, out, ta, tb):  # type: ignore[no-untyped-def]
+        """Row-major ``out = op(a) @ op(b)``, op a transpose when ``ta`` / ``tb`` is true.
+
+        The arrays are 2-D views whose rows are contiguous (inner stride one element) and whose
+        row stride may be anything (a column window of a wider matrix): ``a`` is stored
+        ``(k, m)`` when ``ta`` (so a row block of ``op(a)`` is a column window of ``a``), else
+        ``(m, k)``; ``b`` is stored ``(n, k)`` when ``tb``, else ``(k, n)``. BLAS reads the
+        stored matrices transposed: no copies.
+        """
+        m, n = out.shape
+        k = a.shape[0] if ta else a.shape[1]
+        ws = np.empty(8, dtype=np.int32)
+        sc = np.empty(2, dtype=dtype)
+        lda = a.strides[0] // width
+        ldb = b.strides[0] // width
+        ldc = out.strides[0] // width
+        # Column-major C^T = op(b)^T @ op(a)^T: the stored row-major b is b^T column-major.
+        gemm_ex(ws, sc, 84 if tb else 78, 84 if ta else 78, n, m, k,
+                b.ctypes.data, ldb, a.ctypes.data, lda, 0.0, out.ctypes.data, ldc)
+
+    return gemm_t
+
+
+gemm_t32 = _make_t(gemm32_ex, np.float32, 4)
+gemm_t64 = _make_t(gemm64_ex, np.float64, 8)
+
+
+def gemm_name(dtype: str, transposed: bool = False) -> str:
+    """The gemm a kernel of ``dtype`` calls (``gemm_t*`` when an operand is read transposed)."""
+    if transposed:
+        return {"float32": "gemm_t32", "float64": "gemm_t64"}[dtype]
     return {"float32": "gemm32", "float64": "gemm64"}[dtype]

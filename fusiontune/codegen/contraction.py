@@ -10,6 +10,9 @@ block and applies the epilogue to that block while it is still in cache, so the 
 travels to memory: the split fusion of CANN's model, where the MatMul is split into row blocks
 that each fuse with the epilogue.
 
+A MatMul with ``trans_a`` / ``trans_b`` hands BLAS the stored operand with a transpose flag
+(``gemm_t32/64``); a row block of a transposed left operand is a column window of it.
+
 When the right operand is a plain weight matrix (no batch dims), the batch dims of the left operand
 are folded into its rows, so the whole layer is one large GEMM.
 
@@ -121,23 +124,29 @@ def generate_contraction_kernel(
     dtype = low.values[y].dtype
     if low.values[a].dtype != dtype or low.values[b].dtype != dtype or dtype not in ("float32", "float64"):
         raise NotFusable("MatMul needs float32 or float64 operands of one dtype")
+    mm_attrs = {**get_op("MatMul").attrs, **mm.attrs}
+    ta, tb = bool(mm_attrs["trans_a"]), bool(mm_attrs["trans_b"])
     ob = oshape[:-2]
-    M, N, K = oshape[-2], oshape[-1], low.values[a].shape[-1]
+    M, N = oshape[-2], oshape[-1]
+    K = low.values[a].shape[-2] if ta else low.values[a].shape[-1]
     (ba, a_b), (bb, b_b) = _batch_index(low.values[a].shape, ob), _batch_index(low.values[b].shape, ob)
     ext = [v for v in inputs if v not in (a, b)]
     # An epilogue may read a MatMul operand too (x @ W + x): it gets a second argument, the same
     # buffer viewed over the output's domain.
     operand_reads = [v for v in dict.fromkeys((a, b)) if any(v in n.inputs for n in epi)]
-    flat = bb == 1 and (a_b == "bi" or not ob) and all(
+    # A transposed left operand is stored (K, M): its batches cannot fold into its rows.
+    flat = bb == 1 and not ta and (a_b == "bi" or not ob) and all(
         _epilogue_view(low.values[v].shape, oshape, True) is not None for v in (*ext, *operand_reads, *outputs)
     )
     if flat:
         BC, MM = 1, int(np.prod(oshape[:-1]))
-        views = {a: (1, MM, K), b: (1, K, N)}
+        views = {a: (1, MM, K), b: (1, N, K) if tb else (1, K, N)}
         a_b = b_b = "0"
     else:
         BC, MM = int(np.prod(ob)), M
-        views = {a: (ba, M, K), b: (bb, K, N)}
+        views = {a: (ba, K, M) if ta else (ba, M, K), b: (bb, N, K) if tb else (bb, K, N)}
+    if a == b and ta != tb:
+        raise NotFusable("MatMul reads one operand both plain and transposed")
     epi_key = {v: f"{v}#epilogue" for v in operand_reads}
     for v in (*ext, *operand_reads, *outputs):
         view = _epilogue_view(low.values[v].shape, oshape, flat)
@@ -220,14 +229,17 @@ def generate_contraction_kernel(
     emit("        bi = t // nblk")
     emit(f"        r0 = (t % nblk) * {size}")
     emit(f"        r1 = min(r0 + {size}, {MM})")
-    gemm = gemm_name(dtype)
+    gemm = gemm_name(dtype, ta or tb)
+    # A row block of op(a) is a column window of a stored transposed.
+    a_rows = f"{an[a]}[{a_b}, :, r0:r1]" if ta else f"{an[a]}[{a_b}, r0:r1]"
+    flags = f", {int(ta)}, {int(tb)}" if ta or tb else ""
     if row_block and has_epilogue:
         emit(f"        blk = np.empty(({chunk}, {N}), dtype=np.{dtype})")
-        emit(f"        {gemm}({an[a]}[{a_b}, r0:r1], {an[b]}[{b_b}], blk[:r1 - r0])")
+        emit(f"        {gemm}({a_rows}, {an[b]}[{b_b}], blk[:r1 - r0]{flags})")
         emit("        for r in range(r0, r1):")
         epilogue("            ", "bi", "r", "blk[r - r0, c]")
     else:
-        emit(f"        {gemm}({an[a]}[{a_b}, r0:r1], {an[b]}[{b_b}], {acc_buf}[bi, r0:r1])")
+        emit(f"        {gemm}({a_rows}, {an[b]}[{b_b}], {acc_buf}[bi, r0:r1]{flags})")
         if has_epilogue:
             # The epilogue follows in the same task, over the rows the task's GEMM just wrote (no
             # second parallel region). With one batch its index is the literal 0, as in the
@@ -238,7 +250,9 @@ def generate_contraction_kernel(
             emit("        for r in range(r0, r1):")
             epilogue("            ", bix, "r", f"{acc_buf}[{bix}, r, c]")
     code = "\n".join(lines) + "\n"
-    source = kernel_header(code, ["from fusiontune.codegen.blas import gemm32, gemm64"]) + code
+    # Only kernels that read an operand transposed import gemm_t*: the others' sources (cache keys) stay.
+    blas = "gemm_t32, gemm_t64" if ta or tb else "gemm32, gemm64"
+    source = kernel_header(code, [f"from fusiontune.codegen.blas import {blas}"]) + code
     nbytes = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in args)
     flops = 2 * BC * MM * N * K + BC * MM * N * len(epi)
     return KernelSource(name, source, tuple(args), "contraction", nbytes, flops)

@@ -1,7 +1,7 @@
 """Vector-Jacobian rules of the contractions and the fused network ops.
 
 * MatMul: ``da = g @ b^T``, ``db = a^T @ g``, each summed over the batch axes its operand was
-  broadcast along.
+  broadcast along (with ``trans_a`` / ``trans_b``, the same for ``op(a)`` / ``op(b)``, swapped back).
 * Conv: the input gradient is a ConvTranspose of ``g`` with the same weights and geometry (its
   ``output_padding`` restores the input positions that no window ended on); the weight gradient is
   a Conv of the input with ``g`` as weights, batch and channel axes swapped, stride and dilation
@@ -34,10 +34,19 @@ from fusiontune.ir.ops import _spatial_out, avg_pool_count, window_attrs
 
 @vjp("MatMul")
 def _matmul(c: VjpContext) -> Sequence[Tensor | None]:
-    b, (x, w) = c.b, c.inputs[:2]
+    # y = op(x) @ op(w), op a swap of the last two axes under trans_a / trans_b:
+    # d op(x) = g @ op(w)^T and d op(w) = op(x)^T @ g, swapped back where the operand was.
+    b, (x, w), g = c.b, c.inputs[:2], c.g
+    ta, tb = bool(c.attrs.get("trans_a", 0)), bool(c.attrs.get("trans_b", 0))
+
+    def t(v: Tensor, flag: bool) -> Tensor:
+        return swap_last(b, v) if flag else v
+
+    dx = b.matmul(t(w, tb), t(g, True)) if ta else b.matmul(g, t(w, not tb))
+    dw = b.matmul(t(g, True), t(x, ta)) if tb else b.matmul(t(x, not ta), g)
     out = [
-        sum_to(b, b.matmul(c.g, swap_last(b, w)), x.shape) if c.needs[0] else None,
-        sum_to(b, b.matmul(swap_last(b, x), c.g), w.shape) if c.needs[1] else None,
+        sum_to(b, dx, x.shape) if c.needs[0] else None,
+        sum_to(b, dw, w.shape) if c.needs[1] else None,
     ]
     if len(c.inputs) == 3:
         out.append(sum_to(b, c.g, c.x(2).shape) if c.needs[2] else None)

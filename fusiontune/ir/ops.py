@@ -157,10 +157,18 @@ def _add_norm(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shap
     return [(shape, dtype), (shape, dtype)]
 
 
+def matmul_operand_shape(shape: Shape, transposed: Any) -> Shape:
+    """The shape MatMul multiplies: ``shape`` with its last two axes swapped when ``transposed``."""
+    shape = tuple(shape)
+    return (*shape[:-2], shape[-1], shape[-2]) if transposed and len(shape) >= 2 else shape
+
+
 def _matmul(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
     a, b = ins[0].shape, ins[1].shape
     if len(a) < 2 or len(b) < 2:
         raise ValueError(f"MatMul needs rank >= 2 operands, got {a} and {b}")
+    a = matmul_operand_shape(a, attrs.get("trans_a", 0))
+    b = matmul_operand_shape(b, attrs.get("trans_b", 0))
     if a[-1] != b[-2]:
         raise ValueError(f"MatMul inner dimensions differ: {a} @ {b}")
     batch = broadcast_shapes(a[:-2], b[:-2])
@@ -409,6 +417,10 @@ def _add_rms_norm(attrs: Mapping[str, Any], a: np.ndarray, b: np.ndarray, g: np.
 
 
 def _matmul_ref(attrs: Mapping[str, Any], a: np.ndarray, b: np.ndarray, *bias: np.ndarray) -> tuple:
+    if attrs.get("trans_a", 0):
+        a = np.swapaxes(a, -1, -2)
+    if attrs.get("trans_b", 0):
+        b = np.swapaxes(b, -1, -2)
     out = np.matmul(a, b)
     if bias:
         out = out + bias[0]
@@ -701,7 +713,10 @@ _register(
     )
 )
 _register(
-    OpDef("MatMul", "contraction", _matmul, _matmul_ref, (2, 3), doc="batched a @ b (+ bias), numpy semantics")
+    OpDef(
+        "MatMul", "contraction", _matmul, _matmul_ref, (2, 3), attrs={"trans_a": 0, "trans_b": 0},
+        doc="batched op(a) @ op(b) (+ bias), numpy semantics; op swaps the last two axes when trans_a / trans_b",
+    )
 )
 _register(OpDef("Reshape", "layout", _reshape, _reshape_ref, 1, attrs={"shape": ()}, doc="same data, new shape"))
 _register(OpDef("Transpose", "layout", _transpose, _transpose_ref, 1, attrs={"perm": ()}, doc="permute axes"))

@@ -136,6 +136,12 @@ PASSES: tuple[PassInfo, ...] = (
        f"{_G}.autodiff:autodiff",
        "training only: add the loss, the backward of the fused forward and the optimizer update",
        switchable=False),
+    # ---- after the backward, before grouping: the last GraphFusion rewrite (TransposeMatMul) ---
+    # A GraphFusion pass in the split_pre stage, ahead of its UBFusion rows: it sees the backward's
+    # MatMul(dY, Transpose(W)) / MatMul(Transpose(X), dY), after every pattern over MatMul ran.
+    _p("TransposeMatMulFusionPass", ("transpose_matmul_fusion",), GRAPH_FUSION, "split_pre",
+       f"{_G}.transpose_matmul:transpose_matmul_fusion",
+       "MatMul(Transpose(a), b) -> MatMul(a, b, trans_a) (and trans_b): BLAS reads the operand transposed, no layout kernel"),
     # ---- split fusion before grouping: cut an op into parts that fuse with different neighbours --
     _p("NormSplitFusionPass", ("norm_split_fusion",), UB_FUSION, "split_pre",
        f"{_U}.norm_split:norm_split_fusion",
