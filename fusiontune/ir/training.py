@@ -161,7 +161,7 @@ def loss_output(graph: Graph, spec: TrainSpec) -> str:
     raise ValueError(f"{graph.name}: no float output for the loss")
 
 
-def _with_loss(graph: Graph, spec: TrainSpec) -> Graph:
+def loss_graph(graph: Graph, spec: TrainSpec) -> Graph:
     """The forward graph with the loss added as its only output."""
     out = loss_output(graph, spec)
     v = graph.values[out]
@@ -194,7 +194,7 @@ def training_step(forward: Graph, spec: TrainSpec) -> Graph:
     for p in spec.params:
         if p not in forward.inputs:
             raise ValueError(f"{forward.name}: parameter {p!r} is not a graph input")
-    with_loss = _with_loss(forward, spec)
+    with_loss = loss_graph(forward, spec)
     step = grad_graph(with_loss, spec.params, loss=LOSS, keep_outputs=True)
     b = extend(step)
     outputs = [LOSS, *(gradient_name(p) for p in spec.params)]
