@@ -47,6 +47,8 @@ from fusiontune.measure import (
 from fusiontune.measure.profile import ProfileReport, format_profile, profile_program
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.passes.registry import lookup
+from fusiontune.passes.ub.recompute import PREFIX as RECOMPUTE_PREFIX
+from fusiontune.passes.ub.recompute import saved_activations
 from fusiontune.runtime import Program
 from fusiontune.tune.evaluate import build_candidate, check_and_time
 from fusiontune.workloads import Workload
@@ -419,12 +421,20 @@ def _record(
 
 def _train_record(spec: TrainSpec, program: Program) -> dict[str, Any]:
     g = program.graph
+    # What the recompute split point trades: the buffered forward values the backward reads
+    # (each lives from its forward kernel to its last backward reader) and the values recomputed.
+    saved = {v: b for v, b in saved_activations(g).items() if v in program.plan.slot_of}
+    recomputed = [n for n in g.nodes if n.name.startswith(RECOMPUTE_PREFIX)]
     return {
         "loss": spec.loss,
         "optimizer": spec.optimizer,
         "lr": spec.lr,
         "parameters": len(spec.params),
         "parameter_values": sum(g.values[p].size for p in spec.params),
+        "io_bytes": program.plan.io_bytes,
+        "saved_values": len(saved),
+        "saved_bytes": sum(saved.values()),
+        "recomputed_nodes": len(recomputed),
     }
 
 
@@ -479,6 +489,14 @@ def _print_human(
     print(
         f"memory    planned peak {_fmt_bytes(rec['peak_bytes'])} (without buffer reuse {_fmt_bytes(rec['naive_bytes'])})"
     )
+    if "train" in rec:  # the step's peak: weights, gradients and optimizer state, then activations
+        t = rec["train"]
+        print(
+            f"          of it {_fmt_bytes(t['io_bytes'])} inputs, weights, gradients and optimizer state;"
+            f" {t['saved_values']} activations saved for the backward {_fmt_bytes(t['saved_bytes'])};"
+            f" {t['recomputed_nodes']} forward nodes recomputed in the backward"
+            " (split point RecomputeSplitFusionPass.recompute)"
+        )
     if "vs_all_off" in rec:
         v = rec["vs_all_off"]
         print(

@@ -7,6 +7,7 @@ where every op is its own kernel.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -77,6 +78,11 @@ class FusedGraph:
 def _topo_groups(graph: Graph, groups: list[Group]) -> list[Group]:
     """Order groups so that every group comes after the groups it reads from.
 
+    Of the groups whose inputs are ready, the one whose first node comes first in the graph runs
+    next: the kernels keep the graph's node order wherever the grouping allows, so a pass that
+    places a node (a recomputation just before its backward reader) places its kernel, and a
+    buffer lives no longer than the node order says.
+
     Raises:
         ValueError: the grouping is not convex (two groups depend on each other).
     """
@@ -90,15 +96,22 @@ def _topo_groups(graph: Graph, groups: list[Group]) -> list[Group]:
                 deps[owner[n.name]].add(src)
     first = {g.name: min(graph.node_position(n) for n in g.nodes) for g in groups}
     by_name = {g.name: g for g in groups}
-    done: set[str] = set()
+    users: dict[str, list[str]] = {g: [] for g in by_name}
+    for g, srcs in deps.items():
+        for src in srcs:
+            users[src].append(g)
+    waiting = {g: len(srcs) for g, srcs in deps.items()}
+    ready = [(first[g], g) for g, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
     ordered: list[Group] = []
-    pending = sorted(by_name, key=first.__getitem__)
-    while pending:
-        ready = [g for g in pending if deps[g] <= done]
-        if not ready:
-            raise ValueError("fused groups form a cycle: " + ", ".join(pending[:4]))
-        for g in ready:
-            ordered.append(by_name[g])
-            done.add(g)
-        pending = [g for g in pending if g not in done]
+    while ready:
+        _, g = heapq.heappop(ready)
+        ordered.append(by_name[g])
+        for u in users[g]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, (first[u], u))
+    if len(ordered) < len(groups):
+        pending = sorted((g for g, n in waiting.items() if n > 0), key=first.__getitem__)
+        raise ValueError("fused groups form a cycle: " + ", ".join(pending[:4]))
     return ordered

@@ -147,6 +147,12 @@ PASSES: tuple[PassInfo, ...] = (
        f"{_U}.norm_split:norm_split_fusion",
        "split a normalization into statistics (fuse with producer) and elementwise part (fuse with consumers)",
        split_points=(SplitPoint("stats", 0, 1, "1: cut LayerNorm/RMSNorm/Softmax between statistics and the elementwise part", (0, 1)),)),
+    # After NormSplitFusionPass: an elementwise part it cut off is recomputable from stored statistics.
+    # No choices: a training space lists the values (an inference graph has nothing to recompute).
+    _p("RecomputeSplitFusionPass", ("recompute_split_fusion",), UB_FUSION, "split_pre",
+       f"{_U}.recompute:recompute_split_fusion",
+       "training only: recompute cheap forward values in the backward instead of storing them (less peak memory)",
+       split_points=(SplitPoint("recompute", 0, 3, "0: store every activation the backward reads; 1: recompute elementwise/layout chains; 2: also normalizations; 3: also the attention core"),)),
     # ---- UBFusion: kernel grouping -------------------------------------------------------------
     _p("MatmulElemBiasaddFusionPass", ("matmul_elem_biasadd_fusion",), UB_FUSION, "ub_epilogue",
        f"{_U}.matmul_epilogue:matmul_elem_biasadd_fusion",
