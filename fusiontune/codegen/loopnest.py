@@ -89,7 +89,10 @@ def plan_domain(low: Lowered, outputs: Sequence[str]) -> tuple[Shape, tuple[int,
                     raise NotFusable(f"{v} {shape} does not broadcast to the kernel domain {dom}")
         if n.op in REDUCE_RULES and not n.attr("keepdims", True):
             users = [m for m in low.nodes if n.outputs[0] in m.inputs]
-            if users:
+            # Over leading axes only, the squeezed result broadcasts (numpy alignment) exactly
+            # like the keepdims one: later ops may read it (a bias gradient's optimizer update).
+            kept = tuple(1 if i in axes else d for i, d in enumerate(dom))
+            if users and align(low.values[n.outputs[0]].shape, rank) != kept:
                 raise NotFusable("a keepdims=False reduction can only end a kernel")
     reduced = tuple(1 if i in axes else d for i, d in enumerate(dom))
     for o in outputs:

@@ -5,6 +5,11 @@ buffer once: a value's buffer returns to a free pool after the last kernel that 
 later value of at most its size takes it (best fit), so the peak memory is what is live at once,
 not the sum of all values. Every kernel argument is a view prepared at build time, so one run is
 a plain loop of kernel calls with no allocation and no reshaping.
+
+Updates in place: an output named ``updated/<name>``, where ``<name>`` is a graph input (a
+training step's weights and optimizer state, :mod:`fusiontune.ir.training`), is written over that
+input's buffer when that is safe (:func:`plan_in_place`): the weights, the momentum and Adam's
+moments change where they are, as an optimizer does, and the planned peak drops by those outputs.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +25,8 @@ from fusiontune.codegen.cache import compile_kernel
 from fusiontune.codegen.common import KernelSource
 from fusiontune.codegen.plan import group_sources
 from fusiontune.ir.graph import Graph
+from fusiontune.ir.ops import get_op
+from fusiontune.ir.training import UPDATED_PREFIX
 from fusiontune.passes.fused_graph import FusedGraph, Group
 from fusiontune.runtime.threads import single_threaded_blas
 
@@ -48,6 +55,8 @@ class BufferPlan:
     slot_bytes: tuple[int, ...]
     io_bytes: int
     naive_bytes: int
+    in_place: Mapping[str, str] = field(default_factory=dict)
+    """Outputs written over an input's buffer (``updated/<p>`` -> ``<p>``); not in ``io_bytes``."""
 
     @property
     def peak_bytes(self) -> int:
@@ -59,13 +68,77 @@ def _round(n: int) -> int:
     return max(ALIGN, -(-n // ALIGN) * ALIGN)
 
 
+def plan_in_place(fused: FusedGraph, sources: Sequence[KernelSource]) -> dict[str, str]:
+    """The outputs ``updated/<name>`` that may be written over input ``<name>``'s buffer.
+
+    Safe when, with ``k`` the kernel that writes ``updated/<name>``:
+
+    * no kernel after ``k`` reads ``<name>`` (kernels before it read the old value, as they must);
+    * ``k`` is a loop nest that reads ``<name>`` only through elementwise ops that
+      ``updated/<name>`` depends on, with the same view shape as ``updated/<name>``: each element
+      is read at the very index it is then written to, and every read of it comes before that
+      write (a contraction kernel may park its product in an output buffer before its epilogue
+      reads: never in place);
+    * both have one shape and dtype, ``<name>`` is no graph output and ``updated/<name>`` no input.
+
+    Args:
+        fused: the grouped graph.
+        sources: the kernels' sources, in group order.
+
+    Returns:
+        ``{updated/<name>: <name>}`` for every output updated in place.
+    """
+    g = fused.graph
+    inputs, outputs = set(g.inputs), set(g.outputs)
+    reads = [{a.value for a in src.args if a.role == "in"} for src in sources]
+    found: dict[str, str] = {}
+    for k, (group, src) in enumerate(zip(fused.groups, sources, strict=True)):
+        views = {(a.value, a.role): a.shape for a in src.args}
+        for arg in src.args:
+            out = arg.value
+            name = out[len(UPDATED_PREFIX) :]
+            if arg.role != "out" or not out.startswith(UPDATED_PREFIX) or name not in inputs:
+                continue
+            if name in outputs or out in inputs or src.kind != "loop":
+                continue
+            vo, vi = g.values[out], g.values[name]
+            if vo.shape != vi.shape or vo.dtype != vi.dtype:
+                continue
+            if any(name in r for r in reads[k + 1 :]):
+                continue
+            if name in reads[k] and views.get((name, "in")) != views[(out, "out")]:
+                continue
+            if not _read_elementwise_before(g, group.nodes, name, out):
+                continue
+            found[out] = name
+    return found
+
+
+def _read_elementwise_before(g: Graph, nodes: Sequence[str], name: str, out: str) -> bool:
+    """Inside the group, every reader of ``name`` is elementwise and ``out`` depends on it."""
+    readers = [n for n in nodes if name in g.node(n).inputs]
+    if any(get_op(g.node(n).op).kind != "elementwise" for n in readers):
+        return False
+    producer = {o: n for n in nodes for o in g.node(n).outputs}
+    ancestors: set[str] = set()
+    stack = [producer[out]] if out in producer else []
+    while stack:
+        n = stack.pop()
+        if n in ancestors:
+            continue
+        ancestors.add(n)
+        stack.extend(producer[i] for i in g.node(n).inputs if i in producer)
+    return all(n in ancestors for n in readers)
+
+
 def plan_buffers(fused: FusedGraph, sources: Sequence[KernelSource] | None = None) -> BufferPlan:
     """Assign every intermediate value a slot, reusing slots whose value is dead.
 
     Inputs, outputs and constants are not planned (they live for the whole run). A kernel's
-    outputs are allocated before its inputs are released, so no kernel writes a buffer it reads.
-    An output that nothing reads (a Split piece nobody uses) still gets a slot for the kernel to
-    write, free again right after.
+    outputs are allocated before its inputs are released, so no kernel writes a buffer it reads,
+    but for the outputs updated in place (:func:`plan_in_place`), which take their input's buffer
+    and count once. An output that nothing reads (a Split piece nobody uses) still gets a slot for
+    the kernel to write, free again right after.
 
     Args:
         fused: the grouped graph.
@@ -113,9 +186,10 @@ def plan_buffers(fused: FusedGraph, sources: Sequence[KernelSource] | None = Non
         for v in outs:  # produced but never read again (e.g. a side output nobody needs)
             if v in slot_of and v not in last_use:
                 free.append(slot_of[v])
-    io = sum(_round(g.values[v].nbytes) for v in pinned if v in g.values)
-    naive += io
-    return BufferPlan(slot_of, tuple(slot_bytes), io, naive)
+    in_place = plan_in_place(fused, sources)
+    io = sum(_round(g.values[v].nbytes) for v in pinned if v in g.values and v not in in_place)
+    naive += sum(_round(g.values[v].nbytes) for v in pinned if v in g.values)
+    return BufferPlan(slot_of, tuple(slot_bytes), io, naive, in_place)
 
 
 class Program:
@@ -141,6 +215,8 @@ class Program:
             self._arrays[name] = np.empty(v.shape, dtype=v.dtype)
         for name, arr in self.graph.constants.items():
             self._arrays[name] = np.asarray(arr, order="C")  # ascontiguousarray makes a 0-d constant 1-d
+        for out, name in self.plan.in_place.items():
+            self._arrays[out] = self._arrays[name]
         for name in self.graph.outputs:
             if name not in self._arrays:
                 v = self.graph.values[name]
@@ -159,6 +235,7 @@ class Program:
         self.compile_s = time.perf_counter() - t0
         self.kernels = tuple(infos)
         self._bound: dict[str, np.ndarray] = {}
+        self._updated = frozenset(self.plan.in_place.values())
         self._outputs = {name: self._arrays[name] for name in self.graph.outputs}
 
     def _view(self, value: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -175,11 +252,21 @@ class Program:
     def peak_bytes(self) -> int:
         return self.plan.peak_bytes
 
+    @property
+    def in_place(self) -> Mapping[str, str]:
+        """Outputs written over an input's buffer: ``updated/<name>`` -> ``<name>``."""
+        return self.plan.in_place
+
     def bind(self, inputs: Mapping[str, np.ndarray]) -> None:
-        """Copy ``inputs`` into the input buffers (skipped for arrays bound last time)."""
+        """Copy ``inputs`` into the input buffers.
+
+        The copy is skipped for an array bound last time, except for the inputs updated in place:
+        the run changed their buffers, so they are copied again on every bind. The caller's
+        arrays are only read, never written.
+        """
         for name in self.graph.inputs:
             arr = inputs[name]
-            if self._bound.get(name) is arr:
+            if self._bound.get(name) is arr and name not in self._updated:
                 continue
             np.copyto(self._arrays[name], arr, casting="same_kind")
             self._bound[name] = arr
@@ -196,12 +283,19 @@ class Program:
         wrote, and a later kernel may take over one of its input buffers (the plan reuses dead
         buffers), so a kernel sees its real inputs only right after the kernels before it ran:
         call them in order. A kernel never writes a buffer it reads, so calling one twice in a
-        row computes the same thing twice (what a per-kernel timing relies on).
+        row computes the same thing twice (what a per-kernel timing relies on). The exception is
+        a kernel that updates an input in place (:attr:`in_place`, an optimizer step): each call
+        reads its own last result (the same work on other values, so its timing holds, but the
+        values drift: :meth:`run` again, which re-binds the inputs, to compute the step again).
         """
         return tuple(functools.partial(fn, *args) for fn, args in self._calls)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Bind, execute, and return the outputs (views of the program's buffers: copy to keep)."""
+        """Bind, execute, and return the outputs (views of the program's buffers: copy to keep).
+
+        An output updated in place is the input's buffer: the next :meth:`run` or :meth:`bind`
+        overwrites it with the input again.
+        """
         self.bind(inputs)
         self.execute()
         return dict(self._outputs)

@@ -178,6 +178,24 @@ def _transpose_transpose(m: Match) -> Replacement:
     return E("Transpose", m["x"], stands_for=_dies_with(m, inner), perm=perm)
 
 
+REDUCE_OPS = ("ReduceMax", "ReduceMean", "ReduceSum")
+
+
+def _reduce_squeeze(m: Match) -> Replacement | None:
+    red, view = m.node("red"), m.view
+    attrs = effective_attrs(red)
+    shape = view.shape(m["x"])
+    if not attrs.get("keepdims", True) or not _dies_with(m, red):
+        return None
+    axes = attrs.get("axes")
+    rank = len(shape)
+    axes = tuple(range(rank)) if axes is None else tuple(sorted(a % rank for a in axes))
+    squeezed = tuple(d for i, d in enumerate(shape) if i not in axes)
+    if tuple(view.shape(m.nodes[0].outputs[0])) != squeezed:
+        return None
+    return E(red.op, m["x"], stands_for=(red,), axes=axes, keepdims=False)
+
+
 def _cast_round_trip(m: Match) -> Replacement | None:
     view, x = m.view, m["x"]
     wide = view.dtype(m.node("inner").outputs[0])
@@ -222,6 +240,7 @@ RULES: tuple[Rule, ...] = (
         P("Transpose", P("Transpose", _x, name="inner")),
         _transpose_transpose,
     ),
+    Rule("ReduceKeepdimsReshape", P("Reshape", P(REDUCE_OPS, _x, name="red")), _reduce_squeeze),
     Rule("CastRoundTrip", P("Cast", P("Cast", _x, name="inner")), _cast_round_trip),
     Rule("CommuteOperands", P(tuple(sorted(COMMUTATIVE)), _a, _b), _commute),
 )

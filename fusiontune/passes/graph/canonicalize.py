@@ -214,6 +214,9 @@ def canonicalization(graph: Graph, ctx: PassContext) -> Graph:
       one spelling);
     * ``NegNeg``: ``Neg(Neg(x)) == x``; ``ZeroSubToNeg``: ``Sub(0, x) == Neg(x)``;
     * ``ReshapeReshape``: ``Reshape(Reshape(x, s1), s2) == Reshape(x, s2)``;
+    * ``ReduceKeepdimsReshape``: ``Reshape(Reduce(x, axes, keepdims=1), s) == Reduce(x, axes,
+      keepdims=0)`` when ``s`` is the reduced shape without its unit axes (the backward's
+      ``sum_to`` of a bias gradient), and the reduction has no other reader;
     * ``TransposeTranspose``: ``Transpose(Transpose(x, p), q) == Transpose(x, p∘q)`` with
       ``(p∘q)[i] = p[q[i]]`` (IdentityEliminationPass then drops an identity permutation, and a
       Reshape to x's own shape);
