@@ -17,7 +17,8 @@ Every op has exactly one rule, found by :func:`rule_kind`:
 ``tests/codegen/test_op_rules.py`` walks the catalogue and fails when an op has no rule.
 
 Two schedule keys change what the scalar rules write (:func:`scalar_expr`, :func:`round_expr`):
-``math="approx"`` swaps the libm calls of Exp, Tanh, Erf, Sigmoid, Silu, SwiGlu, Gelu and GeGlu for
+``math="approx"`` swaps the libm calls of Exp, Tanh, Erf, Sigmoid, Silu, SwiGlu, Gelu, GeGlu, GeluCdf
+and GeluGrad for
 the vectorizable approximations of codegen/numerics.py (``APPROX_RULES``): a libm call keeps the
 loop around it scalar, an inlined polynomial does not. ``precision="float16"|"bfloat16"`` has the
 loop-nest generator wrap values in the rounding functions of the same module.
@@ -128,6 +129,37 @@ SCALAR_RULES: dict[str, ScalarRule] = {
 }
 
 
+# ---- the elementwise backward ops (ir/_ops_grad.py) ------------------------------------------------
+def _gelu_cdf(x: str, attrs: Mapping[str, Any], lit: Lit, dtype: str, approx: bool = False) -> str:
+    """GELU's gate ``(1 + erf(x / sqrt 2)) / 2`` (tanh form: ``(1 + tanh(u)) / 2``)."""
+    if attrs.get("approximate", "none") == "tanh":
+        inner = f"{lit(0.7978845608028654)} * ({x} + {lit(0.044715)} * {x} * {x} * {x})"
+        th = _f32_call("tanh_approx", inner, dtype) if approx else f"np.tanh({inner})"
+        return f"({lit(0.5)} * ({lit(1.0)} + {th}))"
+    arg = f"{x} * {lit(0.7071067811865476)}"
+    erf = _f32_call("erf_approx", arg, dtype) if approx else f"math.erf({arg})"
+    return f"({lit(0.5)} * ({lit(1.0)} + {erf}))"
+
+
+def _gelu_grad(a: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str, approx: bool = False) -> str:
+    """``dy * gelu'(x)``; a third operand is the forward's saved gate, so no erf (tanh) is called."""
+    x, dy = a[0], a[1]
+    c = a[2] if len(a) == 3 else _gelu_cdf(x, attrs, lit, dtype, approx)
+    if attrs.get("approximate", "none") == "tanh":
+        du = f"{lit(0.7978845608028654)} * ({lit(1.0)} + {lit(3 * 0.044715)} * {x} * {x})"
+        return f"({dy} * ({c} + {lit(2.0)} * {x} * {c} * ({lit(1.0)} - {c}) * {du}))"
+    arg = f"{lit(-0.5)} * {x} * {x}"
+    e = _f32_call("exp_approx", arg, dtype) if approx else f"np.exp({arg})"
+    return f"({dy} * ({c} + {x} * {e} * {lit(0.3989422804014327)}))"
+
+
+SCALAR_RULES.update({
+    "GeluCdf": lambda a, at, lit, dt: _gelu_cdf(a[0], at, lit, dt),
+    "GeluGrad": _gelu_grad,
+    "ReluGrad": lambda a, at, lit, dt: f"({a[1]} if {a[0]} > {lit(0.0)} else {lit(0.0)})",
+})
+
+
 # ---- the logic, comparison and elementwise ops of real exports (ir/_ops_logic.py) ----------------
 def _truth(x: str) -> str:
     """``x`` as a bool: a number is true when nonzero (NaN too), as numpy's logical ops say."""
@@ -200,6 +232,8 @@ APPROX_RULES: dict[str, ScalarRule] = {
     "SwiGlu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + {_f32_call('exp_approx', f'-{a[0]}', dt)}) * {a[1]})",
     "Gelu": lambda a, at, lit, dt: _gelu(a, at, lit, dt, approx=True),
     "GeGlu": lambda a, at, lit, dt: f"({_gelu(a, at, lit, dt, approx=True)} * {a[1]})",
+    "GeluCdf": lambda a, at, lit, dt: _gelu_cdf(a[0], at, lit, dt, approx=True),
+    "GeluGrad": lambda a, at, lit, dt: _gelu_grad(a, at, lit, dt, approx=True),
 }
 
 # The functions of codegen/numerics.py that generated code may call; a kernel that calls any of

@@ -183,7 +183,10 @@ def _gelu_grad(b: GraphBuilder, x: Tensor, approximate: str) -> Tensor:
 
 
 _unary("Neg", lambda c, b, x: b.neg(c.g))
-_unary("Relu", lambda c, b, x: where0(b, b.greater(x, 0.0), c.g))
+# Relu and Gelu write their fused grad ops (ir/_ops_grad.py): ReluGrad reads the forward's output
+# (y > 0 exactly where x > 0), GeluGrad the input; ReluGradFusionPass / GeluGradFusionPass keep
+# them or expand them into primitives (the expansion is the rule's former form).
+_unary("Relu", lambda c, b, x: b.op("ReluGrad", c.y(), c.g))
 _unary("Reciprocal", lambda c, b, x: b.neg(b.mul(c.g, b.mul(c.y(), c.y()))))
 _unary("Sqrt", lambda c, b, x: b.div(b.mul(c.g, 0.5), c.y()))
 _unary("Rsqrt", lambda c, b, x: b.mul(c.g, b.mul(b.mul(c.y(), -0.5), b.mul(c.y(), c.y()))))
@@ -195,7 +198,20 @@ _unary(
 )
 _unary("Sigmoid", lambda c, b, x: b.mul(c.g, b.mul(c.y(), b.sub(1.0, c.y()))))
 _unary("Silu", lambda c, b, x: b.mul(c.g, _silu_grad(b, x)))
-_unary("Gelu", lambda c, b, x: b.mul(c.g, _gelu_grad(b, x, c.attrs.get("approximate", "none"))))
+_unary("Gelu", lambda c, b, x: b.op("GeluGrad", x, c.g, approximate=c.attrs.get("approximate", "none")))
+_unary(
+    "GeluCdf",
+    # Phi' = phi (erf form); the tanh form's gate c = (1 + tanh u) / 2 has c' = 2 c (1 - c) u'.
+    lambda c, b, x: b.mul(c.g, b.div(b.exp(b.mul(b.mul(x, x), -0.5)), _SQRT_2PI))
+    if c.attrs.get("approximate", "none") != "tanh"
+    else b.mul(
+        c.g,
+        b.mul(
+            b.mul(b.mul(c.y(), b.sub(1.0, c.y())), 2.0),
+            b.mul(b.add(b.mul(b.mul(x, x), 3.0 * 0.044715), 1.0), _TANH_GELU_C),
+        ),
+    ),
+)
 _unary("Abs", lambda c, b, x: b.mul(c.g, b.op("Sign", x)))
 _unary("Cos", lambda c, b, x: b.neg(b.mul(c.g, b.op("Sin", x))))
 _unary("Sin", lambda c, b, x: b.mul(c.g, b.op("Cos", x)))

@@ -13,8 +13,12 @@
   MaxPool gives a window's gradient to its maxima (ties share it), AveragePool to every real
   element, divided by the window's count.
 * Attention: the probabilities are recomputed from q and k (the flash-attention backward), then
-  ``dv = p^T g``, ``ds = p * (dp - sum(dp * p))`` with ``dp = g v^T``, ``dq = scale * ds k``,
-  ``dk = scale * ds^T q``, and the mask's gradient is ``ds``.
+  ``dv = p^T g``, ``ds = SoftmaxGrad(p, dp) = p * (dp - sum(dp * p))`` with ``dp = g v^T``,
+  ``dq = scale * ds k``, ``dk = scale * ds^T q``, and the mask's gradient is ``ds``. The
+  recomputation is a Softmax of the scores, not ``exp(s - lse)`` from a saved row logsumexp: the
+  Attention kernel (codegen/attention.py) keeps its running max and sum in registers and writes
+  only the output, so there is no saved statistic to read; the backward is MatMuls around one
+  Softmax and one SoftmaxGrad kernel, each fused by the passes like any other.
 * RotaryPositionEmbedding: ``rotate`` is antisymmetric, so ``dx = g * cos - rotate(g * sin)``.
 """
 
@@ -268,7 +272,7 @@ def _attention(c: VjpContext) -> Sequence[Tensor | None]:
         s = b.add(s, c.x(3))
     p = b.softmax(s, -1)
     dp = b.matmul(g, swap_last(b, v))
-    ds = b.mul(p, b.sub(dp, b.reduce_sum(b.mul(dp, p), -1)))
+    ds = b.op("SoftmaxGrad", p, dp, axis=-1)
     out = [
         sum_to(b, b.mul(b.matmul(ds, k), scale), q.shape) if c.needs[0] else None,
         sum_to(b, b.mul(b.matmul(swap_last(b, ds), q), scale), k.shape) if c.needs[1] else None,

@@ -1,8 +1,11 @@
 """Vector-Jacobian rules of the reductions and the row-wise normalizations built on them.
 
-The normalizations recompute their statistics (mean, rstd) from the saved input; a fusion pass
-that keeps them from the forward kernel can replace that (DESIGN section 13). With ``g`` the
-cotangent, ``x̂`` the normalized row and ``n`` its length:
+Softmax, LayerNorm and RMSNorm (and the Add+ forms) write their backward as one fused grad op
+(``SoftmaxGrad``, ``LayerNormGrad``, ``RmsNormGrad``: ir/_ops_grad.py), whose expansion
+(ir/expand.py) is the primitive form below. The grad op recomputes the statistics (mean, rstd)
+from the saved input; LayerNormGradFusionPass / RmsNormGradFusionPass make it read the forward's
+instead (DESIGN section 13), and when they are off the op is expanded into primitives. With ``g``
+the cotangent, ``x̂`` the normalized row and ``n`` its length:
 
 * Softmax: ``dx = y * (g - sum(g * y))``; LogSoftmax: ``dx = g - exp(y) * sum(g)``.
 * LayerNorm: ``dx = rstd * (ĝ - mean(ĝ) - x̂ * mean(ĝ * x̂))`` with ``ĝ = g * gamma``
@@ -55,9 +58,7 @@ def _reduce_max(c: VjpContext) -> Sequence[Tensor | None]:
 
 @vjp("Softmax")
 def _softmax(c: VjpContext) -> Sequence[Tensor | None]:
-    b, y = c.b, c.y()
-    axis = normalize_axis(c.attrs.get("axis", -1), len(y.shape))
-    return [b.mul(y, b.sub(c.g, b.reduce_sum(b.mul(c.g, y), axis)))]
+    return [c.b.op("SoftmaxGrad", c.y(), c.g, axis=normalize_axis(c.attrs.get("axis", -1), len(c.y().shape)))]
 
 
 @vjp("LogSoftmax")
@@ -68,34 +69,26 @@ def _log_softmax(c: VjpContext) -> Sequence[Tensor | None]:
 
 
 def layer_norm_grads(
-    b: GraphBuilder, x: Tensor, gamma: Tensor, g: Tensor, eps: float
+    b: GraphBuilder, x: Tensor, gamma: Tensor, g: Tensor, eps: float, variance: str = "two_pass"
 ) -> tuple[Tensor, Tensor]:
-    """``(dx, g * x̂)`` of LayerNorm over the last axis; ``g * x̂`` summed gives gamma's gradient."""
-    mean = b.reduce_mean(x, -1)
-    xc = b.sub(x, mean)
-    rstd = b.rsqrt(b.add(b.reduce_mean(b.mul(xc, xc), -1), eps))
-    xhat = b.mul(xc, rstd)
-    gh = b.mul(g, gamma)
-    inner = b.sub(b.sub(gh, b.reduce_mean(gh, -1)), b.mul(xhat, b.reduce_mean(b.mul(gh, xhat), -1)))
-    return b.mul(rstd, inner), b.mul(g, xhat)
+    """``(dx, g * x̂)`` of LayerNorm over the last axis, one LayerNormGrad node; ``g * x̂`` summed
+    gives gamma's gradient."""
+    dx, dgamma = b.op("LayerNormGrad", x, gamma, g, n_outputs=2, eps=eps, variance=variance)
+    return dx, dgamma
 
 
 def rms_norm_grads(
     b: GraphBuilder, x: Tensor, gamma: Tensor, g: Tensor, eps: float
 ) -> tuple[Tensor, Tensor]:
-    """``(dx, g * x * r)`` of RMSNorm over the last axis."""
-    r = b.rsqrt(b.add(b.reduce_mean(b.mul(x, x), -1), eps))
-    gh = b.mul(g, gamma)
-    dx = b.sub(
-        b.mul(r, gh), b.mul(b.mul(x, b.mul(r, b.mul(r, r))), b.reduce_mean(b.mul(gh, x), -1))
-    )
-    return dx, b.mul(g, b.mul(x, r))
+    """``(dx, g * x * r)`` of RMSNorm over the last axis, one RmsNormGrad node."""
+    dx, dgamma = b.op("RmsNormGrad", x, gamma, g, n_outputs=2, eps=eps)
+    return dx, dgamma
 
 
 @vjp("LayerNorm")
 def _layer_norm(c: VjpContext) -> Sequence[Tensor | None]:
     b, (x, gamma, beta) = c.b, c.inputs
-    dx, dgamma = layer_norm_grads(b, x, gamma, c.g, float(c.attrs["eps"]))
+    dx, dgamma = layer_norm_grads(b, x, gamma, c.g, float(c.attrs["eps"]), c.attrs["variance"])
     return [
         sum_to(b, dx, x.shape) if c.needs[0] else None,
         sum_to(b, dgamma, gamma.shape) if c.needs[1] else None,
@@ -127,7 +120,8 @@ def _add_norm(c: VjpContext, ds: Tensor) -> list[Tensor | None]:
 @vjp("AddLayerNorm")
 def _add_layer_norm(c: VjpContext) -> Sequence[Tensor | None]:
     b, (_, _, gamma, beta), s = c.b, c.inputs, c.y(1)
-    dx, dgamma = layer_norm_grads(b, s, gamma, c.cot(0), float(c.attrs["eps"]))
+    eps, variance = float(c.attrs["eps"]), c.attrs["variance"]
+    dx, dgamma = layer_norm_grads(b, s, gamma, c.cot(0), eps, variance)
     return [
         *_add_norm(c, dx),
         sum_to(b, dgamma, gamma.shape) if c.needs[2] else None,

@@ -403,4 +403,4 @@ def _finish(
 
 
 # The rules, one module per family of ops (each registers into VJP_RULES on import).
-from fusiontune.ir import _vjp_elementwise, _vjp_layout, _vjp_nn, _vjp_reduce  # noqa: E402, F401
+from fusiontune.ir import _vjp_elementwise, _vjp_grad, _vjp_layout, _vjp_nn, _vjp_reduce  # noqa: E402, F401

@@ -12,6 +12,14 @@ An expansion returns two lists of nodes: ``stats`` (the reductions and everythin
 row) and ``apply`` (the elementwise part that produces the op's outputs). The apply part recomputes
 what it needs from the op's inputs, so cutting between the two lists is a valid split: the apply
 part reads only the op's inputs and the per-row statistics.
+
+A forward normalization with ``save_stats=1`` names its per-row mean and rstd nodes as its extra
+outputs, so its kernel writes them. The backward ops of the fused ops (ir/_ops_grad.py) expand
+too: SoftmaxGrad, LayerNormGrad and RmsNormGrad (codegen lowers them through it, as the forward
+norms), and GeluGrad, GeluCdf and ReluGrad, which codegen writes as scalar rules instead
+(:data:`ELEMENTWISE_EXPANDABLE`). Each expansion is the primitive form the vector-Jacobian rules
+wrote before the grad ops existed: a backward pass that is off (or an application bisection
+denies) splices it into the graph in place of the op (passes/graph/grad_fusion.py).
 """
 
 from __future__ import annotations
@@ -24,7 +32,17 @@ import numpy as np
 from fusiontune.ir.graph import Node, Value
 from fusiontune.ir.ops import infer_node, normalize_axis
 
-EXPANDABLE = ("Softmax", "LogSoftmax", "LayerNorm", "RMSNorm", "AddLayerNorm", "AddRmsNorm")
+EXPANDABLE = (
+    "Softmax", "LogSoftmax", "LayerNorm", "RMSNorm", "AddLayerNorm", "AddRmsNorm",
+    "SoftmaxGrad", "LayerNormGrad", "RmsNormGrad",
+)
+"""Ops that codegen lowers through their expansion (and NormSplitFusionPass may cut)."""
+ELEMENTWISE_EXPANDABLE = ("GeluGrad", "GeluCdf", "ReluGrad")
+"""Elementwise ops with an expansion (their primitive form) that codegen writes as scalar rules."""
+_SQRT_2 = float(np.sqrt(2.0))
+_SQRT_2PI = float(np.sqrt(2.0 * np.pi))
+_TANH_C = float(np.sqrt(2.0 / np.pi))
+_TANH_K = 0.044715
 
 
 @dataclass(frozen=True)
@@ -100,17 +118,8 @@ def expand(node: Node, values: Mapping[str, Value]) -> Expansion:
     elif node.op in ("LayerNorm", "AddLayerNorm"):
         x = ins[0] if node.op == "LayerNorm" else w.op("Add", ins[0], ins[1], out=outs[1])
         gamma, beta = ins[-2], ins[-1]
-        eps = node.attr("eps", 1e-5)
-        mean = w.op("ReduceMean", x, axes=(-1,), keepdims=True)
-        if node.attr("variance", "two_pass") == "one_pass":
-            # One sweep: E[x] and E[x^2] read x in the same round; var = max(E[x^2] - E[x]^2, 0).
-            msq = w.op("ReduceMean", w.op("Mul", x, x), axes=(-1,), keepdims=True)
-            diff = w.op("Sub", msq, w.op("Mul", mean, mean))
-            var = w.op("Maximum", diff, w.const(0.0))
-        else:
-            d = w.op("Sub", x, mean)
-            var = w.op("ReduceMean", w.op("Mul", d, d), axes=(-1,), keepdims=True)
-        rstd = w.op("Rsqrt", w.op("Add", var, w.const(eps)))
+        saved = outs[1:] if node.op == "LayerNorm" else outs[2:]  # (mean, rstd) with save_stats
+        mean, rstd = _layer_norm_stats(w, node, x, *(saved or (None, None)))
         cut = w.mark()
         x2 = x if node.op == "LayerNorm" else w.op("Add", ins[0], ins[1])
         y = w.op("Mul", w.op("Mul", w.op("Sub", x2, mean), rstd), gamma)
@@ -118,12 +127,105 @@ def expand(node: Node, values: Mapping[str, Value]) -> Expansion:
     elif node.op in ("RMSNorm", "AddRmsNorm"):
         x = ins[0] if node.op == "RMSNorm" else w.op("Add", ins[0], ins[1], out=outs[1])
         gamma = ins[-1]
-        eps = node.attr("eps", 1e-6)
-        ms = w.op("ReduceMean", w.op("Mul", x, x), axes=(-1,), keepdims=True)
-        rstd = w.op("Rsqrt", w.op("Add", ms, w.const(eps)))
+        saved = outs[1:] if node.op == "RMSNorm" else outs[2:]  # (rstd,) with save_stats
+        rstd = _rms_norm_rstd(w, node, x, *(saved or (None,)))
         cut = w.mark()
         x2 = x if node.op == "RMSNorm" else w.op("Add", ins[0], ins[1])
         w.op("Mul", w.op("Mul", x2, rstd), gamma, out=outs[0])
+    elif node.op == "SoftmaxGrad":
+        y, dy = ins
+        axis = normalize_axis(node.attr("axis", -1), len(values[y].shape))
+        s = w.op("ReduceSum", w.op("Mul", dy, y), axes=(axis,), keepdims=True)
+        cut = w.mark()
+        w.op("Mul", y, w.op("Sub", dy, s), out=outs[0])
+    elif node.op == "LayerNormGrad":
+        x, gamma, dy = ins[:3]
+        mean, rstd = ins[3:] if len(ins) == 5 else _layer_norm_stats(w, node, x)
+        xhat = w.op("Mul", w.op("Sub", x, mean), rstd)
+        gh = w.op("Mul", dy, gamma)
+        m1 = w.op("ReduceMean", gh, axes=(-1,), keepdims=True)
+        m2 = w.op("ReduceMean", w.op("Mul", gh, xhat), axes=(-1,), keepdims=True)
+        cut = w.mark()
+        xhat2 = w.op("Mul", w.op("Sub", x, mean), rstd)
+        inner = w.op("Sub", w.op("Sub", w.op("Mul", dy, gamma), m1), w.op("Mul", xhat2, m2))
+        w.op("Mul", rstd, inner, out=outs[0])
+        w.op("Mul", dy, xhat2, out=outs[1])
+    elif node.op == "RmsNormGrad":
+        x, gamma, dy = ins[:3]
+        r = ins[3] if len(ins) == 4 else _rms_norm_rstd(w, node, x)
+        m = w.op("ReduceMean", w.op("Mul", w.op("Mul", dy, gamma), x), axes=(-1,), keepdims=True)
+        cut = w.mark()
+        r3 = w.op("Mul", r, w.op("Mul", r, r))
+        w.op("Sub", w.op("Mul", r, w.op("Mul", dy, gamma)), w.op("Mul", w.op("Mul", x, r3), m), out=outs[0])
+        w.op("Mul", dy, w.op("Mul", x, r), out=outs[1])
+    elif node.op in ELEMENTWISE_EXPANDABLE:
+        cut = 0
+        _expand_elementwise(w, node)
     else:
         raise ValueError(f"no expansion for {node.op}")
     return Expansion(tuple(w.nodes[:cut]), tuple(w.nodes[cut:]), w.new_values, w.constants)
+
+
+def _layer_norm_stats(
+    w: _Writer, node: Node, x: str, mean_out: str | None = None, rstd_out: str | None = None
+) -> tuple[str, str]:
+    """LayerNorm's per-row (mean, rstd) of ``x`` as primitives, with the forward's ``variance``."""
+    eps = node.attr("eps", 1e-5)
+    mean = w.op("ReduceMean", x, axes=(-1,), keepdims=True, out=mean_out)
+    if node.attr("variance", "two_pass") == "one_pass":
+        # One sweep: E[x] and E[x^2] read x in the same round; var = max(E[x^2] - E[x]^2, 0).
+        msq = w.op("ReduceMean", w.op("Mul", x, x), axes=(-1,), keepdims=True)
+        diff = w.op("Sub", msq, w.op("Mul", mean, mean))
+        var = w.op("Maximum", diff, w.const(0.0))
+    else:
+        d = w.op("Sub", x, mean)
+        var = w.op("ReduceMean", w.op("Mul", d, d), axes=(-1,), keepdims=True)
+    return mean, w.op("Rsqrt", w.op("Add", var, w.const(eps)), out=rstd_out)
+
+
+def _rms_norm_rstd(w: _Writer, node: Node, x: str, rstd_out: str | None = None) -> str:
+    """RMSNorm's per-row ``1 / sqrt(mean(x^2) + eps)`` of ``x`` as primitives."""
+    ms = w.op("ReduceMean", w.op("Mul", x, x), axes=(-1,), keepdims=True)
+    return w.op("Rsqrt", w.op("Add", ms, w.const(node.attr("eps", 1e-6))), out=rstd_out)
+
+
+def _gelu_cdf(w: _Writer, x: str, approximate: str, out: str | None = None) -> str:
+    """``Phi(x) = (1 + erf(x / sqrt 2)) / 2``, or the tanh form's ``(1 + tanh(u)) / 2``."""
+    if approximate == "tanh":
+        cube = w.op("Mul", w.op("Mul", w.op("Mul", x, x), x), w.const(_TANH_K))
+        t = w.op("Tanh", w.op("Mul", w.op("Add", x, cube), w.const(_TANH_C)))
+        return w.op("Mul", w.op("Add", t, w.const(1.0)), w.const(0.5), out=out)
+    erf = w.op("Erf", w.op("Div", x, w.const(_SQRT_2)))
+    return w.op("Mul", w.op("Add", erf, w.const(1.0)), w.const(0.5), out=out)
+
+
+def _expand_elementwise(w: _Writer, node: Node) -> None:
+    """GeluGrad, GeluCdf and ReluGrad as primitives (the forms of ir/_ops_grad.py's docstring)."""
+    ins, out = node.inputs, node.outputs[0]
+    approximate = node.attr("approximate", "none")
+    if node.op == "GeluCdf":
+        _gelu_cdf(w, ins[0], approximate, out)
+    elif node.op == "ReluGrad":
+        y, dy = ins
+        w.op("Where", w.op("Greater", y, w.const(0.0)), dy, w.const(0.0), out=out)
+    elif len(ins) == 2 and approximate == "tanh":
+        # The rule's form before GeluGrad: (1 + t) / 2 + x / 2 * (1 - t^2) * u', t = tanh(u).
+        x, dy = ins
+        x2 = w.op("Mul", x, x)
+        cube = w.op("Mul", w.op("Mul", x2, x), w.const(_TANH_K))
+        t = w.op("Tanh", w.op("Mul", w.op("Add", x, cube), w.const(_TANH_C)))
+        du = w.op("Mul", w.op("Add", w.op("Mul", x2, w.const(3.0 * _TANH_K)), w.const(1.0)), w.const(_TANH_C))
+        half = w.op("Mul", w.op("Add", t, w.const(1.0)), w.const(0.5))
+        tail = w.op("Mul", w.op("Mul", w.op("Mul", x, w.const(0.5)), w.op("Sub", w.const(1.0), w.op("Mul", t, t))), du)
+        w.op("Mul", dy, w.op("Add", half, tail), out=out)
+    elif approximate == "tanh":
+        # With the saved c = (1 + t) / 2: gelu' = c + 2 x c (1 - c) u', no tanh.
+        x, dy, c = ins
+        du = w.op("Mul", w.op("Add", w.op("Mul", w.op("Mul", x, x), w.const(3.0 * _TANH_K)), w.const(1.0)), w.const(_TANH_C))
+        tail = w.op("Mul", w.op("Mul", w.op("Mul", x, w.const(2.0)), w.op("Mul", c, w.op("Sub", w.const(1.0), c))), du)
+        w.op("Mul", dy, w.op("Add", c, tail), out=out)
+    else:
+        x, dy = ins[:2]
+        cdf = ins[2] if len(ins) == 3 else _gelu_cdf(w, x, approximate)
+        pdf = w.op("Div", w.op("Exp", w.op("Mul", w.op("Mul", x, x), w.const(-0.5))), w.const(_SQRT_2PI))
+        w.op("Mul", dy, w.op("Add", cdf, w.op("Mul", x, pdf)), out=out)

@@ -147,14 +147,23 @@ def _norm(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, s
     for p in ins[1:]:
         if p.shape not in ((n,), (1, n)) and broadcast_shapes(p.shape, x.shape) != x.shape:
             raise ValueError(f"parameter shape {p.shape} does not fit normalized shape {x.shape}")
-    return [(x.shape, x.dtype)]
+    return [(x.shape, x.dtype), *_saved_stats(attrs, x, len(ins) - 1)]
+
+
+def _saved_stats(attrs: Mapping[str, Any], x: Value, params: int) -> list[tuple[Shape, str]]:
+    """The extra outputs of a normalization with ``save_stats=1``: per-row (mean, rstd) of a
+    LayerNorm (two parameters), rstd of an RMSNorm (one), shaped ``(..., 1)``."""
+    if not attrs.get("save_stats", 0):
+        return []
+    row = (*x.shape[:-1], 1)
+    return [(row, x.dtype)] * (2 if params == 2 else 1)
 
 
 def _add_norm(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
     shape = broadcast_shapes(ins[0].shape, ins[1].shape)
     dtype = result_dtype(ins[:2])
-    _norm(attrs, [Value("s", shape, dtype), *ins[2:]])
-    return [(shape, dtype), (shape, dtype)]
+    y, *stats = _norm(attrs, [Value("s", shape, dtype), *ins[2:]])
+    return [y, (shape, dtype), *stats]
 
 
 def matmul_operand_shape(shape: Shape, transposed: Any) -> Shape:
@@ -398,22 +407,45 @@ def _rms_norm_core(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(ms + x.dtype.type(eps)) * gamma
 
 
+def layer_norm_stats(x: np.ndarray, eps: float, variance: str = "two_pass") -> tuple[np.ndarray, np.ndarray]:
+    """LayerNorm's per-row ``(mean, rstd)`` over the last axis, ``rstd = 1 / sqrt(var + eps)``."""
+    mean = x.mean(axis=-1, keepdims=True)
+    return mean, (1.0 / np.sqrt(_variance(x, mean, variance) + x.dtype.type(eps))).astype(x.dtype)
+
+
+def rms_norm_rstd(x: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm's per-row ``1 / sqrt(mean(x^2) + eps)`` over the last axis."""
+    return (1.0 / np.sqrt(np.square(x).mean(axis=-1, keepdims=True) + x.dtype.type(eps))).astype(x.dtype)
+
+
+def _layer_norm_stats_out(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
+    if not attrs.get("save_stats", 0):
+        return ()
+    return layer_norm_stats(x, attrs.get("eps", 1e-5), attrs.get("variance", "two_pass"))
+
+
+def _rms_norm_stats_out(attrs: Mapping[str, Any], x: np.ndarray) -> tuple:
+    return (rms_norm_rstd(x, attrs.get("eps", 1e-6)),) if attrs.get("save_stats", 0) else ()
+
+
 def _layer_norm(attrs: Mapping[str, Any], x: np.ndarray, g: np.ndarray, b: np.ndarray) -> tuple:
-    return (_layer_norm_core(x, g, b, attrs.get("eps", 1e-5), attrs.get("variance", "two_pass")),)
+    y = _layer_norm_core(x, g, b, attrs.get("eps", 1e-5), attrs.get("variance", "two_pass"))
+    return (y, *_layer_norm_stats_out(attrs, x))
 
 
 def _rms_norm(attrs: Mapping[str, Any], x: np.ndarray, g: np.ndarray) -> tuple:
-    return (_rms_norm_core(x, g, attrs.get("eps", 1e-6)),)
+    return (_rms_norm_core(x, g, attrs.get("eps", 1e-6)), *_rms_norm_stats_out(attrs, x))
 
 
 def _add_layer_norm(attrs: Mapping[str, Any], a: np.ndarray, b: np.ndarray, g: np.ndarray, beta: np.ndarray) -> tuple:
     s = a + b
-    return (_layer_norm_core(s, g, beta, attrs.get("eps", 1e-5), attrs.get("variance", "two_pass")), s)
+    y = _layer_norm_core(s, g, beta, attrs.get("eps", 1e-5), attrs.get("variance", "two_pass"))
+    return (y, s, *_layer_norm_stats_out(attrs, s))
 
 
 def _add_rms_norm(attrs: Mapping[str, Any], a: np.ndarray, b: np.ndarray, g: np.ndarray) -> tuple:
     s = a + b
-    return (_rms_norm_core(s, g, attrs.get("eps", 1e-6)), s)
+    return (_rms_norm_core(s, g, attrs.get("eps", 1e-6)), s, *_rms_norm_stats_out(attrs, s))
 
 
 def _matmul_ref(attrs: Mapping[str, Any], a: np.ndarray, b: np.ndarray, *bias: np.ndarray) -> tuple:
@@ -688,28 +720,32 @@ for _name, _fn, _doc in (
 _register(OpDef("Softmax", "reduction", _same, _softmax, 1, attrs={"axis": -1}, doc="exp(x - max) / sum"))
 _register(
     OpDef(
-        "LayerNorm", "reduction", _norm, _layer_norm, 3, attrs={"eps": 1e-5, "variance": "two_pass"},
+        "LayerNorm", "reduction", _norm, _layer_norm, 3,
+        attrs={"eps": 1e-5, "variance": "two_pass", "save_stats": 0},
         doc="(x - mean) / sqrt(var + eps) * gamma + beta over the last axis; "
-        "variance='one_pass' takes var as max(E[x^2] - mean^2, 0)",
+        "variance='one_pass' takes var as max(E[x^2] - mean^2, 0); save_stats=1 also "
+        "outputs the per-row mean and rstd (for LayerNormGrad)",
     )
 )
 _register(
     OpDef(
-        "RMSNorm", "reduction", _norm, _rms_norm, 2, attrs={"eps": 1e-6},
-        doc="x / sqrt(mean(x^2) + eps) * gamma over the last axis",
+        "RMSNorm", "reduction", _norm, _rms_norm, 2, attrs={"eps": 1e-6, "save_stats": 0},
+        doc="x / sqrt(mean(x^2) + eps) * gamma over the last axis; save_stats=1 also outputs "
+        "the per-row rstd (for RmsNormGrad)",
     )
 )
 _register(
     OpDef(
         "AddLayerNorm", "reduction", _add_norm, _add_layer_norm, 4,
-        attrs={"eps": 1e-5, "variance": "two_pass"},
-        doc="s = a + b; (LayerNorm(s), s); variance as LayerNorm's",
+        attrs={"eps": 1e-5, "variance": "two_pass", "save_stats": 0},
+        doc="s = a + b; (LayerNorm(s), s); variance and save_stats (then also mean, rstd of s) "
+        "as LayerNorm's",
     )
 )
 _register(
     OpDef(
-        "AddRmsNorm", "reduction", _add_norm, _add_rms_norm, 3, attrs={"eps": 1e-6},
-        doc="s = a + b; (RMSNorm(s), s)",
+        "AddRmsNorm", "reduction", _add_norm, _add_rms_norm, 3, attrs={"eps": 1e-6, "save_stats": 0},
+        doc="s = a + b; (RMSNorm(s), s); save_stats=1 also outputs the rstd of s",
     )
 )
 _register(
@@ -840,4 +876,4 @@ def run_reference(node: Node, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray,
 
 
 # The ops real exporters emit on live data, registered by their own modules (they import this one).
-from fusiontune.ir import _ops_index, _ops_logic  # noqa: E402, F401
+from fusiontune.ir import _ops_grad, _ops_index, _ops_logic  # noqa: E402, F401

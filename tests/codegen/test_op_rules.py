@@ -983,6 +983,64 @@ CASES: tuple[OpCase, ...] = (
             "weight_1x1x1x1": ((1, 1, 4, 4), (1, 1, 1, 1), True, {"strides": (2, 2)}),
         }.items()
     ],
+    # The fused backward ops (ir/_ops_grad.py); saved statistics (mean, rstd) are inputs.
+    OpCase("SoftmaxGrad", "SoftmaxGrad-last", lambda g: g.op("SoftmaxGrad", g.input("y", (6, 33)), g.input("dy", (6, 33)))),
+    OpCase("SoftmaxGrad", "SoftmaxGrad-axis1", lambda g: g.op("SoftmaxGrad", g.input("y", (3, 7, 5)), g.input("dy", (3, 7, 5)), axis=1)),
+    OpCase(
+        "LayerNormGrad", "LayerNormGrad-recompute",
+        lambda g: g.op("LayerNormGrad", g.input("x", (4, 5, 24)), _c(g, (24,), 3), g.input("dy", (4, 5, 24)), n_outputs=2),
+    ),
+    OpCase(
+        "LayerNormGrad", "LayerNormGrad-one_pass",
+        lambda g: g.op("LayerNormGrad", g.input("x", (6, 40)), _c(g, (40,), 3), g.input("dy", (6, 40)), n_outputs=2, variance="one_pass"),
+    ),
+    OpCase(
+        "LayerNormGrad", "LayerNormGrad-saved_stats",
+        lambda g: g.op(
+            "LayerNormGrad", g.input("x", (6, 40)), _c(g, (40,), 3), g.input("dy", (6, 40)),
+            _c(g, (6, 1), 4), _c(g, (6, 1), 5, positive=True), n_outputs=2,
+        ),
+    ),
+    OpCase(
+        "RmsNormGrad", "RmsNormGrad-recompute",
+        lambda g: g.op("RmsNormGrad", g.input("x", (8, 24)), _c(g, (24,), 3), g.input("dy", (8, 24)), n_outputs=2),
+    ),
+    OpCase(
+        "RmsNormGrad", "RmsNormGrad-saved_rstd",
+        lambda g: g.op(
+            "RmsNormGrad", g.input("x", (8, 24)), _c(g, (24,), 3), g.input("dy", (8, 24)),
+            _c(g, (8, 1), 5, positive=True), n_outputs=2,
+        ),
+    ),
+    OpCase("GeluGrad", "GeluGrad-erf", lambda g: g.op("GeluGrad", g.input("x", (5, 37)), g.input("dy", (5, 37)))),
+    OpCase(
+        "GeluGrad", "GeluGrad-erf_saved_cdf",
+        lambda g: g.op("GeluGrad", g.input("x", (5, 37)), g.input("dy", (5, 37)), _c(g, (5, 37), 6, positive=True)),
+    ),
+    OpCase(
+        "GeluGrad", "GeluGrad-tanh_saved_cdf",
+        lambda g: g.op("GeluGrad", g.input("x", (5, 37)), g.input("dy", (5, 37)), _c(g, (5, 37), 6, positive=True), approximate="tanh"),
+    ),
+    OpCase("GeluGrad", "GeluGrad-tanh", lambda g: g.op("GeluGrad", g.input("x", (5, 37)), g.input("dy", (5, 37)), approximate="tanh")),
+    OpCase("GeluCdf", "GeluCdf-erf", lambda g: g.op("GeluCdf", g.input("x", (5, 37)))),
+    OpCase("GeluCdf", "GeluCdf-tanh", lambda g: g.op("GeluCdf", g.input("x", (5, 37)), approximate="tanh")),
+    OpCase("ReluGrad", "ReluGrad", lambda g: g.op("ReluGrad", g.input("y", (5, 37)), g.input("dy", (5, 37)))),
+    # Forward normalizations that save their statistics for the backward (save_stats=1).
+    OpCase(
+        "LayerNorm", "LayerNorm-save_stats",
+        lambda g: g.op("LayerNorm", g.input("x", (4, 5, 24)), _c(g, (24,), 3), _c(g, (24,), 4), n_outputs=3, save_stats=1),
+    ),
+    OpCase(
+        "AddLayerNorm", "AddLayerNorm-save_stats_one_pass",
+        lambda g: g.op(
+            "AddLayerNorm", g.input("a", (6, 40)), g.input("b", (6, 40)), _c(g, (40,), 3), _c(g, (40,), 4),
+            n_outputs=4, save_stats=1, variance="one_pass",
+        ),
+    ),
+    OpCase(
+        "AddRmsNorm", "AddRmsNorm-save_stats",
+        lambda g: g.op("AddRmsNorm", g.input("a", (6, 40)), g.input("b", (6, 40)), _c(g, (40,), 3), n_outputs=3, save_stats=1),
+    ),
     OpCase(
         "ConvTranspose", "ConvTranspose-float64",
         lambda g: g.op("ConvTranspose", g.input("x", (1, 3, 5, 5)), _c(g, (3, 4, 3, 3), 8), _c(g, (4,), 9), strides=(2, 2)),
@@ -1145,7 +1203,9 @@ def test_elementwise_kernel_keeps_nan_and_inf_semantics(name: str) -> None:
     """Every pair of special values (NaN, +-inf, +-0, ...) through the op, kernel vs interpreter."""
     g = GraphBuilder(f"special_{name}")
     n = len(SPECIAL)
-    operands = [g.input("a", (n, n))] + [g.input("b", (n, n))] * (CATALOGUE[name].arity == 2)
+    arity = CATALOGUE[name].arity
+    least = arity[0] if isinstance(arity, tuple) else arity  # GeluGrad's saved gate is optional
+    operands = [g.input("a", (n, n))] + [g.input("b", (n, n))] * (least == 2)
     g.output(g.op(name, *operands))
     graph = g.build()
     inputs = {"a": np.repeat(SPECIAL, n).reshape(n, n), "b": np.tile(SPECIAL, n).reshape(n, n)}

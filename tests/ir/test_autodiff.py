@@ -310,6 +310,8 @@ CASES: list[GradCase] = [
     _unary("Silu"),
     _unary("Gelu"),
     _unary("Gelu", approximate="tanh"),
+    _unary("GeluCdf"),
+    _unary("GeluCdf", approximate="tanh"),
     _unary("Clip", min=-0.5, max=0.5),
     _unary("Clip", shape=(4, 3)),
     _unary("LeakyRelu", alpha=0.1),
@@ -389,6 +391,55 @@ CASES: list[GradCase] = [
     ),
     GradCase(
         "RMSNorm", "RMSNorm", lambda b: b.rms_norm(b.input("x", (3, 4)), b.input("gamma", (4,)))
+    ),
+    # The fused backward ops (second derivatives, through their expansions); saved statistics
+    # are inputs in (0.5, 2), as an rstd is.
+    GradCase(
+        "SoftmaxGrad",
+        "SoftmaxGrad-axis-0",
+        lambda b: b.op("SoftmaxGrad", b.input("y", (3, 2)), b.input("dy", (3, 2)), axis=0),
+    ),
+    GradCase(
+        "LayerNormGrad",
+        "LayerNormGrad-recompute",
+        lambda b: b.op(
+            "LayerNormGrad", b.input("x", (2, 4)), b.input("gamma", (4,)), b.input("dy", (2, 4)),
+            n_outputs=2,
+        ),
+    ),
+    GradCase(
+        "LayerNormGrad",
+        "LayerNormGrad-saved",
+        lambda b: b.op(
+            "LayerNormGrad", b.input("x", (2, 3)), b.input("gamma", (1, 3)), b.input("dy", (2, 3)),
+            b.input("mean", (2, 1)), b.input("rstd", (2, 1)), n_outputs=2,
+        ),
+        inputs=lambda rng: {"rstd": rng.uniform(0.5, 2.0, (2, 1))},
+    ),
+    GradCase(
+        "RmsNormGrad",
+        "RmsNormGrad-saved",
+        lambda b: b.op(
+            "RmsNormGrad", b.input("x", (2, 3)), b.input("gamma", (3,)), b.input("dy", (2, 3)),
+            b.input("rstd", (2, 1)), n_outputs=2,
+        ),
+        inputs=lambda rng: {"rstd": rng.uniform(0.5, 2.0, (2, 1))},
+    ),
+    GradCase(
+        "GeluGrad",
+        "GeluGrad-saved-cdf-tanh",
+        lambda b: b.op(
+            "GeluGrad", b.input("x", (2, 3)), b.input("dy", (2, 3)), b.input("c", (2, 3)),
+            approximate="tanh",
+        ),
+    ),
+    GradCase(
+        "GeluGrad",
+        "GeluGrad",
+        lambda b: b.op("GeluGrad", b.input("x", (2, 3)), b.input("dy", (2, 3))),
+    ),
+    GradCase(
+        "ReluGrad", "ReluGrad", lambda b: b.op("ReluGrad", b.input("y", (2, 3)), b.input("dy", (2, 3)))
     ),
     GradCase(
         "AddLayerNorm",

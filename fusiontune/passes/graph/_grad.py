@@ -1,0 +1,77 @@
+"""What the backward fusion passes share: which pass owns which grad op, keep-or-expand, splicing.
+
+The mechanism (MindSpore's graph-kernel expanders, run the other way round): the vector-Jacobian
+rules always write the fused grad ops (ir/_ops_grad.py). In the ``backward`` stage, after
+AutodiffPass, each grad op's switchable pass asks ``ctx.allow`` for every node of its op: an
+allowed node stays one op (one kernel; codegen lowers it through its expansion or a scalar rule)
+and may be rewired to read the forward's saved statistics; a denied one is replaced, in place, by
+its expansion (ir/expand.py), the primitive form the rules wrote before these ops existed, which
+the UBFusion passes then group as usual. GradExpanderPass, last in the stage and not switchable,
+expands the nodes of every grad op whose pass is off. So with a switch off (``"ALL": "off"``
+included) or an application denied, that backward is exactly the primitive form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fusiontune.ir.expand import expand
+from fusiontune.ir.graph import Graph, GraphEditor, Node
+from fusiontune.passes.base import PassContext
+
+OWNERS: Mapping[str, str] = {
+    "SoftmaxGrad": "SoftmaxGradFusionPass",
+    "LayerNormGrad": "LayerNormGradFusionPass",
+    "RmsNormGrad": "RmsNormGradFusionPass",
+    "GeluGrad": "GeluGradFusionPass",
+    "ReluGrad": "ReluGradFusionPass",
+}
+"""Grad op -> the pass whose switch keeps it fused."""
+
+Keep = Callable[[GraphEditor, Node], None]
+"""Rewire a kept grad node (saved statistics); may replace nodes in the editor."""
+
+
+def splice_expansion(ed: GraphEditor, node: Node) -> None:
+    """Replace ``node`` in ``ed`` by its expansion; its outputs keep their names."""
+    e = expand(node, ed.values)
+    ed.remove_nodes([node.name])
+    ed.values.update(e.values)
+    ed.constants.update(e.constants)
+    for n in e.nodes:
+        ed.add_node(n)
+
+
+def keep_or_expand(
+    graph: Graph, ctx: PassContext, op: str, pattern: Callable[[Graph, Node], str], keep: Keep | None = None
+) -> Graph:
+    """Ask for every ``op`` node of ``graph`` (in graph order) under its ``pattern``: keep it (then
+    ``keep`` rewires it) or, when denied, splice its expansion in. ``graph`` itself when none."""
+    nodes = [n for n in graph.nodes if n.op == op]
+    if not nodes:
+        return graph
+    ed = GraphEditor(graph)
+    for node in nodes:
+        current = next(n for n in ed.nodes if n.name == node.name)
+        if ctx.allow(pattern(graph, node), node.origin):
+            if keep is not None:
+                keep(ed, current)
+        else:
+            splice_expansion(ed, current)
+    return ed.finish()
+
+
+def producer(graph: Graph, value: str) -> Node | None:
+    """The node of ``graph`` that writes ``value`` (None for inputs and constants)."""
+    return next((n for n in graph.nodes if value in n.outputs), None)
+
+
+def replace_node(ed: GraphEditor, old: Node, new: Node) -> None:
+    """Put ``new`` where ``old`` was in the editor's node list."""
+    ed.nodes = [new if n.name == old.name else n for n in ed.nodes]
+
+
+def with_attrs(node: Node, inputs: tuple[str, ...], outputs: tuple[str, ...], **attrs: Any) -> Node:
+    """``node`` with new inputs, outputs and extra attributes (name and origin kept)."""
+    return Node(node.name, node.op, inputs, outputs, {**node.attrs, **attrs}, node.origin)

@@ -1,0 +1,37 @@
+"""GradExpanderPass: expand the grad ops whose backward fusion pass is off into primitives."""
+
+from __future__ import annotations
+
+from fusiontune.ir.graph import Graph, GraphEditor
+from fusiontune.passes.base import PassContext
+from fusiontune.passes.graph._grad import OWNERS, splice_expansion
+from fusiontune.passes.pipeline import patterns
+
+
+@patterns("GradExpand")
+def grad_expander(graph: Graph, ctx: PassContext) -> Graph:
+    """Replace every grad op whose pass (``_grad.OWNERS``) is off by its expansion (ir/expand.py).
+
+    Identity: each grad op equals its expansion up to rounding (tests/ir/test_grad_ops.py); the
+    expansion is the primitive backward the vector-Jacobian rules wrote before the grad ops.
+
+    Preconditions: last in the ``backward`` stage, after the backward fusion passes, which keep
+    (or already expanded) the nodes of the ops they own.
+
+    Not switchable: without it a switched-off backward pass would leave its op fused.
+
+    Args:
+        graph: the training step.
+        ctx: the pass context.
+
+    Returns:
+        The graph with those ops expanded (``graph`` itself when there are none).
+    """
+    todo = [n for n in graph.nodes if n.op in OWNERS and not ctx.config.enabled(OWNERS[n.op])]
+    if not todo:
+        return graph
+    ed = GraphEditor(graph)
+    for node in todo:
+        if ctx.allow("GradExpand", node.origin):
+            splice_expansion(ed, node)
+    return ed.finish()
