@@ -15,7 +15,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fusiontune.ir.autodiff import VjpContext, cotangent_name, gradient_name, grad_graph, is_float, vjp
+from fusiontune.ir.autodiff import (
+    VjpContext,
+    cotangent_name,
+    grad_graph,
+    gradient_name,
+    is_float,
+    vjp,
+)
 from fusiontune.ir.builder import Tensor
 from fusiontune.ir.expand import expand
 from fusiontune.ir.graph import Graph

@@ -14,10 +14,10 @@ import pytest
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.graph import Graph
 from fusiontune.ir.training import TrainSpec
+from fusiontune.measure import MeasureConfig
 from fusiontune.passes.graph._grad import OWNERS
 from fusiontune.passes.pipeline import PipelineResult, run_pipeline
 from fusiontune.tune.evaluate import build_candidate, check_and_time
-from fusiontune.measure import MeasureConfig
 from fusiontune.workloads.builtin import make_workload
 from fusiontune.workloads.workload import Workload, training_workload
 
