@@ -54,12 +54,21 @@ def keep_or_expand(
     ed = GraphEditor(graph)
     for node in nodes:
         current = next(n for n in ed.nodes if n.name == node.name)
-        if ctx.allow(pattern(graph, node), node.origin):
+        if ctx.allow(pattern(graph, node), application_nodes(graph, node)):
             if keep is not None:
                 keep(ed, current)
         else:
             splice_expansion(ed, current)
     return ed.finish()
+
+
+def application_nodes(graph: Graph, node: Node) -> tuple[str, ...]:
+    """The original node names of one application: those of the forward node whose backward the
+    grad node is (the rules write under the scope ``grad/<forward node>/``), then the grad node's
+    own, so that bisection names the user's layer and two grad ops of one node stay apart."""
+    scope = node.name.removeprefix("grad/").rpartition("/")[0]
+    forward = next((n for n in graph.nodes if n.name == scope), None) if node.name.startswith("grad/") else None
+    return (*(forward.origin if forward is not None else ()), *node.origin)
 
 
 def producer(graph: Graph, value: str) -> Node | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fusiontune.ir.graph import Graph, GraphEditor
 from fusiontune.passes.base import PassContext
-from fusiontune.passes.graph._grad import OWNERS, splice_expansion
+from fusiontune.passes.graph._grad import OWNERS, application_nodes, splice_expansion
 from fusiontune.passes.pipeline import patterns
 
 
@@ -32,6 +32,6 @@ def grad_expander(graph: Graph, ctx: PassContext) -> Graph:
         return graph
     ed = GraphEditor(graph)
     for node in todo:
-        if ctx.allow("GradExpand", node.origin):
+        if ctx.allow("GradExpand", application_nodes(graph, node)):
             splice_expansion(ed, node)
     return ed.finish()
