@@ -148,14 +148,21 @@ def _norm_graph(op: str, dtype: str = "float32") -> Graph:
         out = g.rms_norm(x, gamma)
     elif op == "AddLayerNorm":
         out = g.op(op, x, g.input("r", (3, 4, 24)), gamma, beta, n_outputs=2)
-    else:
+    elif op == "AddRmsNorm":
         out = g.op(op, x, g.input("r", (4, 24)), gamma, n_outputs=2)
+    elif op == "SoftmaxGrad":  # the backward ops (ir/_ops_grad.py): x stands for y or the input
+        out = g.op(op, x, g.input("dy", (3, 4, 24)))
+    else:  # LayerNormGrad, RmsNormGrad, recomputing their statistics
+        out = g.op(op, x, gamma, g.input("dy", (3, 4, 24)), n_outputs=2)
     g.output(*(out if isinstance(out, tuple) else (out,)))
     return g.build()
 
 
 def test_every_expandable_op_has_a_normalization_case() -> None:
-    assert set(EXPANDABLE) == {"Softmax", "LogSoftmax", "LayerNorm", "RMSNorm", "AddLayerNorm", "AddRmsNorm"}
+    assert set(EXPANDABLE) == {
+        "Softmax", "LogSoftmax", "LayerNorm", "RMSNorm", "AddLayerNorm", "AddRmsNorm",
+        "SoftmaxGrad", "LayerNormGrad", "RmsNormGrad",
+    }
 
 
 @pytest.mark.parametrize("op", EXPANDABLE)
