@@ -203,12 +203,16 @@ def generate_contraction_kernel(
     emit = lines.append
     prange = "numba.prange" if parallel_rows else "range"
 
-    def epilogue(indent: str, bi: str, r: str, acc_expr: str) -> None:
+    def epilogue(indent: str, bi: str, r: str, acc_expr: str, in_place_product: bool = False) -> None:
         emit(f"{indent}for c in range({N}):")
         emit(f"{indent}    acc = {acc_expr}")
         fill = {f"idx_{slot[v]}": idx(v, bi, r, "c") for v in views if v in slot}
+        # The product already sits in the MatMul's output: storing it back is a no-op, and one
+        # more store array can stop LLVM from vectorizing the loop (its alias checks give up).
+        skip = f"{an[y]}{{idx_{slot[y]}}} = acc" if in_place_product and y in slot else None
         for stmt in body:
-            emit(f"{indent}    " + stmt.format(**fill))
+            if stmt != skip:
+                emit(f"{indent}    " + stmt.format(**fill))
 
     # BLAS runs single-threaded inside numba's parallel loops (see runtime.threads): the product
     # is cut into row chunks, one per thread, or into the row blocks of the split point.
@@ -248,7 +252,7 @@ def generate_contraction_kernel(
             # and run the scalar loop, 4.5x slower with math="approx".
             bix = "bi" if BC != 1 else "0"
             emit("        for r in range(r0, r1):")
-            epilogue("            ", bix, "r", f"{acc_buf}[{bix}, r, c]")
+            epilogue("            ", bix, "r", f"{acc_buf}[{bix}, r, c]", bias is None and y in outputs)
     code = "\n".join(lines) + "\n"
     # Only kernels that read an operand transposed import gemm_t*: the others' sources (cache keys) stay.
     blas = "gemm_t32, gemm_t64" if ta or tb else "gemm32, gemm64"

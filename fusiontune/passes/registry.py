@@ -167,6 +167,9 @@ PASSES: tuple[PassInfo, ...] = (
     _p("TransposeMatMulFusionPass", ("transpose_matmul_fusion",), GRAPH_FUSION, "split_pre",
        f"{_G}.transpose_matmul:transpose_matmul_fusion",
        "MatMul(Transpose(a), b) -> MatMul(a, b, trans_a) (and trans_b): BLAS reads the operand transposed, no layout kernel"),
+    _p("BatchMatmulReduceFusionPass", ("batch_matmul_reduce_fusion",), GRAPH_FUSION, "split_pre",
+       f"{_G}.matmul_batch_reduce:batch_matmul_reduce_fusion",
+       "ReduceSum over the batch of MatMul(x, dy, trans_a) -> one GEMM over the stacked rows (a weight gradient)"),
     # ---- split fusion before grouping: cut an op into parts that fuse with different neighbours --
     _p("NormSplitFusionPass", ("norm_split_fusion",), UB_FUSION, "split_pre",
        f"{_U}.norm_split:norm_split_fusion",
@@ -203,6 +206,10 @@ PASSES: tuple[PassInfo, ...] = (
     _p("TbeMultiOutputFusionPass", ("multi_output_fusion",), UB_FUSION, "ub_multi",
        f"{_U}.multi_output:multi_output_fusion",
        "sibling groups that read the same input -> one multi-output kernel"),
+    # After basic and composite fusion: the loop kernel it hands a MatMul is complete.
+    _p("TbeMatmulElemwiseFusionPass", ("matmul_elemwise_fusion",), UB_FUSION, "ub_multi",
+       f"{_U}.matmul_elemwise:matmul_elemwise_fusion",
+       "MatMul kernel runs the elementwise kernel reading its product (a weight gradient's optimizer update) as its epilogue"),
     # ---- split fusion after grouping ------------------------------------------------------------
     _p("TbeEltwiseSplitFusionPass", ("elemwise_split_fusion",), UB_FUSION, "split_post",
        f"{_U}.eltwise_split:eltwise_split_fusion",
@@ -217,6 +224,10 @@ PASSES: tuple[PassInfo, ...] = (
        "run Conv in blocks of output rows (im2col) and pick its algorithm",
        split_points=(SplitPoint("rows", 0, 256, "output rows per im2col block; 0: sized to L2", (0, 1, 2, 4, 8)),
                      SplitPoint("algo", 0, 2, "0: codegen rule, 1: im2col + GEMM, 2: direct loop kernel", (0, 1, 2)))),
+    # A Reshape kernel of the final grouping runs as a view of its input's buffer (no copy).
+    _p("ReshapeRemovePass", ("reshape_remove",), UB_FUSION, "split_post",
+       f"{_U}.reshape_view:reshape_remove",
+       "a kernel that is one Reshape becomes a view of its input's buffer: no kernel runs"),
     # ---- precision: inexact annotations of the final kernels' arithmetic (all off by default) --
     _p("ApproxTranscendentalFusionPass", ("approx_transcendental",), UB_FUSION, "precision",
        f"{_U}.approx_transcendental:approx_transcendental_fusion",

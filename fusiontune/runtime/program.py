@@ -10,6 +10,10 @@ Updates in place: an output named ``updated/<name>``, where ``<name>`` is a grap
 training step's weights and optimizer state, :mod:`fusiontune.ir.training`), is written over that
 input's buffer when that is safe (:func:`plan_in_place`): the weights, the momentum and Adam's
 moments change where they are, as an optimizer does, and the planned peak drops by those outputs.
+
+Reshapes are views: a group that is one Reshape marked ``view`` in its schedule
+(ReshapeRemovePass) runs no kernel; its output is its input's buffer under the new shape (every
+buffer is C-contiguous), and that buffer lives as long as either is read (:func:`reshape_views`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class BufferPlan:
     naive_bytes: int
     in_place: Mapping[str, str] = field(default_factory=dict)
     """Outputs written over an input's buffer (``updated/<p>`` -> ``<p>``); not in ``io_bytes``."""
+    views: Mapping[str, str] = field(default_factory=dict)
+    """Reshape outputs that are views of another value's buffer (output -> that value)."""
 
     @property
     def peak_bytes(self) -> int:
@@ -68,38 +74,81 @@ def _round(n: int) -> int:
     return max(ALIGN, -(-n // ALIGN) * ALIGN)
 
 
-def plan_in_place(fused: FusedGraph, sources: Sequence[KernelSource]) -> dict[str, str]:
+def reshape_views(fused: FusedGraph) -> dict[str, str]:
+    """Reshape outputs that need no kernel: value -> the value whose buffer it views.
+
+    A group that is one Reshape node marked ``view`` (ReshapeRemovePass), whose output is no graph
+    output, reads a C-contiguous buffer (every buffer is) and writes the same bytes in the same
+    order: its output is that buffer viewed with the new shape. Chains resolve to the first buffer.
+    """
+    g = fused.graph
+    outputs = set(g.outputs)
+    views: dict[str, str] = {}
+    for group in fused.groups:
+        if len(group.nodes) != 1 or not group.schedule.get("view"):
+            continue
+        node = g.node(group.nodes[0])
+        if node.op != "Reshape" or node.outputs[0] in outputs:
+            continue
+        src, out = node.inputs[0], node.outputs[0]
+        if g.values[src].dtype != g.values[out].dtype:
+            continue
+        views[out] = views.get(src, src)
+    return views
+
+
+def _kernel_groups(
+    fused: FusedGraph, sources: Sequence[KernelSource], views: Mapping[str, str]
+) -> list[tuple[Group, KernelSource]]:
+    """The groups that run a kernel (all but the Reshape views), with their sources."""
+    g = fused.graph
+    return [
+        (grp, src)
+        for grp, src in zip(fused.groups, sources, strict=True)
+        if not (len(grp.nodes) == 1 and g.node(grp.nodes[0]).outputs[0] in views)
+    ]
+
+
+def plan_in_place(
+    fused: FusedGraph, sources: Sequence[KernelSource], views: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The outputs ``updated/<name>`` that may be written over input ``<name>``'s buffer.
 
     Safe when, with ``k`` the kernel that writes ``updated/<name>``:
 
     * no kernel after ``k`` reads ``<name>`` (kernels before it read the old value, as they must);
-    * ``k`` is a loop nest that reads ``<name>`` only through elementwise ops that
-      ``updated/<name>`` depends on, with the same view shape as ``updated/<name>``: each element
-      is read at the very index it is then written to, and every read of it comes before that
-      write (a contraction kernel may park its product in an output buffer before its epilogue
-      reads: never in place);
+    * ``k`` is a loop nest, or a MatMul kernel that exports its product (the product has its
+      own buffer, so only the epilogue writes ``updated/<name>``; otherwise the GEMM may park the
+      product in an output buffer before the epilogue reads), and it reads ``<name>`` only
+      through elementwise ops that ``updated/<name>`` depends on, with the same view shape as
+      ``updated/<name>``: each element is read at the very index it is then written to, and every
+      read of it comes before that write;
     * both have one shape and dtype, ``<name>`` is no graph output and ``updated/<name>`` no input.
+
+    A read through a Reshape view is a read of the buffer it views.
 
     Args:
         fused: the grouped graph.
         sources: the kernels' sources, in group order.
+        views: :func:`reshape_views` (their groups run no kernel); computed when not given.
 
     Returns:
         ``{updated/<name>: <name>}`` for every output updated in place.
     """
     g = fused.graph
+    views = reshape_views(fused) if views is None else views
+    kernels = _kernel_groups(fused, sources, views)
     inputs, outputs = set(g.inputs), set(g.outputs)
-    reads = [{a.value for a in src.args if a.role == "in"} for src in sources]
+    reads = [{views.get(a.value, a.value) for a in src.args if a.role == "in"} for _, src in kernels]
     found: dict[str, str] = {}
-    for k, (group, src) in enumerate(zip(fused.groups, sources, strict=True)):
+    for k, (group, src) in enumerate(kernels):
         views = {(a.value, a.role): a.shape for a in src.args}
         for arg in src.args:
             out = arg.value
             name = out[len(UPDATED_PREFIX) :]
             if arg.role != "out" or not out.startswith(UPDATED_PREFIX) or name not in inputs:
                 continue
-            if name in outputs or out in inputs or src.kind != "loop":
+            if name in outputs or out in inputs or not _elementwise_writer(g, group.nodes, src):
                 continue
             vo, vi = g.values[out], g.values[name]
             if vo.shape != vi.shape or vo.dtype != vi.dtype:
@@ -112,6 +161,17 @@ def plan_in_place(fused: FusedGraph, sources: Sequence[KernelSource]) -> dict[st
                 continue
             found[out] = name
     return found
+
+
+def _elementwise_writer(g: Graph, nodes: Sequence[str], src: KernelSource) -> bool:
+    """A loop nest, or a contraction whose product has a buffer of its own (it exports the
+    MatMul's output), so its epilogue's outputs are written only by the epilogue."""
+    if src.kind == "loop":
+        return True
+    if src.kind != "contraction":
+        return False
+    outs = {a.value for a in src.args if a.role == "out"}
+    return any(g.node(n).op == "MatMul" and g.node(n).outputs[0] in outs for n in nodes)
 
 
 def _read_elementwise_before(g: Graph, nodes: Sequence[str], name: str, out: str) -> bool:
@@ -148,9 +208,14 @@ def plan_buffers(fused: FusedGraph, sources: Sequence[KernelSource] | None = Non
     g = fused.graph
     if sources is None:
         sources = [src for _, src in group_sources(fused)]
+    views = reshape_views(fused)
     kernels = [
-        (grp, [a.value for a in src.args if a.role == "in"], [a.value for a in src.args if a.role == "out"])
-        for grp, src in zip(fused.groups, sources, strict=True)
+        (
+            grp,
+            [views.get(a.value, a.value) for a in src.args if a.role == "in"],
+            [a.value for a in src.args if a.role == "out"],
+        )
+        for grp, src in _kernel_groups(fused, sources, views)
     ]
     pinned = set(g.inputs) | set(g.outputs) | set(g.constants)
     last_use: dict[str, int] = {}
@@ -186,10 +251,11 @@ def plan_buffers(fused: FusedGraph, sources: Sequence[KernelSource] | None = Non
         for v in outs:  # produced but never read again (e.g. a side output nobody needs)
             if v in slot_of and v not in last_use:
                 free.append(slot_of[v])
-    in_place = plan_in_place(fused, sources)
+    in_place = plan_in_place(fused, sources, views)
     io = sum(_round(g.values[v].nbytes) for v in pinned if v in g.values and v not in in_place)
     naive += sum(_round(g.values[v].nbytes) for v in pinned if v in g.values)
-    return BufferPlan(slot_of, tuple(slot_bytes), io, naive, in_place)
+    naive += sum(_round(g.values[v].nbytes) for v in views)
+    return BufferPlan(slot_of, tuple(slot_bytes), io, naive, in_place, views)
 
 
 class Program:
@@ -208,6 +274,7 @@ class Program:
         self.graph: Graph = fused.graph
         sources = group_sources(fused)
         self.plan = plan_buffers(fused, [src for _, src in sources])
+        sources = _kernel_groups(fused, [src for _, src in sources], self.plan.views)
         self._slots = [np.empty(n, dtype=np.uint8) for n in self.plan.slot_bytes]
         self._arrays: dict[str, np.ndarray] = {}
         for name in self.graph.inputs:
@@ -224,6 +291,8 @@ class Program:
         for name, slot in self.plan.slot_of.items():
             v = self.graph.values[name]
             self._arrays[name] = self._slots[slot][: v.nbytes].view(v.dtype).reshape(v.shape)
+        for name, root in self.plan.views.items():
+            self._arrays[name] = self._arrays[root].reshape(self.graph.values[name].shape)
         self._calls: list[tuple[Callable[..., None], tuple[np.ndarray, ...]]] = []
         infos: list[KernelInfo] = []
         t0 = time.perf_counter()

@@ -108,8 +108,15 @@ PROGRAMS = [
 def _calls_with_roles(
     prog: Program,
 ) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray], str]]:
-    """Per kernel, in call order: the views it reads and writes, by value name, and its group."""
-    sources = group_sources(prog.fused)
+    """Per kernel, in call order: the views it reads and writes, by value name, and its group.
+
+    A Reshape that is a view of its input (ReshapeRemovePass, ``plan.views``) runs no kernel."""
+    views = prog.plan.views
+    sources = [
+        (group, src)
+        for group, src in group_sources(prog.fused)
+        if not (len(group.nodes) == 1 and prog.graph.node(group.nodes[0]).outputs[0] in views)
+    ]
     assert len(sources) == len(prog._calls)
     calls = []
     for (group, src), (_, args) in zip(sources, prog._calls, strict=True):
