@@ -46,7 +46,7 @@ so bisection can switch off one of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 
 from fusiontune.ir.graph import Graph, GraphEditor, Node
@@ -245,10 +245,14 @@ def plan_recompute(graph: Graph, level: int) -> list[Recomputation]:
     for value in sorted(saved, key=lambda v: (-saved[v], cost(v), pos[producer[v].name])):
         if value in kept or first_read[value] - first_bw < MIN_GAP:
             continue
-        cone = _cone(value, level, producer, pos, always, set(saved) - chosen - {value})
+        before = next(n.name for n in nodes if n.name not in fwd and value in n.inputs)
+        at = next(i for i, n in enumerate(nodes) if n.name == before)
+        last = {v: i for i, n in enumerate(nodes) for v in n.inputs}
+        stored = set(saved) - chosen - {value}
+        dying = {v for v in stored if last.get(v, -1) < at and v not in kept}
+        cone = _cone(value, level, producer, pos, always, stored, dying)
         if cone is None or any(leaf in chosen for leaf in cone[1]):
             continue
-        before = next(n.name for n in nodes if n.name not in fwd and value in n.inputs)
         plan = Recomputation(value, cone[0], frozenset(cone[1]), before, saved[value])
         trial, copies = _insert(nodes, plan, fwd, set(taken))
         new_sizes = {**sizes, **{o: sizes[src] for o, src in copies.items()}}
@@ -346,12 +350,25 @@ def _cone(
     pos: Mapping[str, int],
     always: set[str],
     stored: set[str],
+    dying: Set[str] = frozenset(),
 ) -> tuple[tuple[tuple[Node, Rewrite | None], ...], set[str]] | None:
-    """The nodes that make ``value`` again from ``stored`` and ``always`` values, or None."""
+    """The nodes that make ``value`` again from ``stored`` and ``always`` values, or None.
+
+    A ``dying`` stored value (its last reader comes before the copy would) is recomputed too
+    where the level allows, so that it need not live longer; else it is read, and lives longer.
+    """
     picked: dict[str, tuple[Node, Rewrite | None]] = {}
     leaves: set[str] = set()
 
     def visit(v: str, under_softmax: bool, root: bool) -> bool:
+        if not root and v in dying:
+            saved_picked, saved_leaves = dict(picked), set(leaves)
+            if visit(v, under_softmax, True):
+                return True
+            picked.clear()
+            picked.update(saved_picked)
+            leaves.clear()
+            leaves.update(saved_leaves)
         if not root and (v in stored or v in always):
             leaves.add(v)
             return True
