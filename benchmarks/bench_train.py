@@ -15,7 +15,9 @@ erf GELU, softmax attention, the same input, target, MSE loss and ``torch.optim.
 with the same momentum buffers. Its loss, gradients, updated weights and momentum buffers are first
 checked against fusiontune's float64 reference (printed); then torch's step (zero_grad, forward,
 loss, backward, optimizer.step) is timed against fusiontune's defaults program and its all-off
-program. ``--no-torch`` (or torch not installed) skips part 2.
+program (and again with each variant timed in a block of its own, which shows how much the two
+runtimes' thread pools disturb each other when interleaved). ``--no-torch`` (or torch not
+installed) skips part 2.
 
 Timing: every variant once per round, in turn, for ``--rounds`` rounds, in this one process
 (``fusiontune.measure.time_interleaved``: too wide a spread is measured again); medians and IQRs in
@@ -239,18 +241,29 @@ def bench_torch(workload: Workload, sizes: Mapping[str, int], rounds: int) -> di
         all_off.name: all_off.program.execute,
     }
     t = timed(fns, rounds)
-    print(f"  {'variant':<22}{'kernels':>8}{'median ms':>11}{'IQR ms':>8}{'torch/this':>12}")
+    # The same, each variant in a block of its own (one after the other): interleaved, one
+    # runtime's worker threads may still spin or wake while the other's run, which the blocks show.
+    blocks = {name: timed({name: fn}, rounds)[name] for name, fn in fns.items()}
+    print(
+        f"  {'variant':<22}{'kernels':>8}{'median ms':>11}{'IQR ms':>8}{'torch/this':>12}"
+        f"{'  in blocks: median ms':>23}{'IQR ms':>8}{'torch/this':>12}"
+    )
     kernels = {
         "torch eager": "-",
         defaults.name: str(defaults.program.kernel_count),
         all_off.name: str(all_off.program.kernel_count),
     }
     for name, tm in t.items():
+        bl = blocks[name]
         print(
             f"  {name:<22}{kernels[name]:>8}{ms(tm.median_s):>11}{ms(tm.iqr_s):>8}"
-            f"{t['torch eager'].median_s / tm.median_s:>11.2f}x" + ("  (noisy)" if tm.noisy else "")
+            f"{t['torch eager'].median_s / tm.median_s:>11.2f}x"
+            f"{ms(bl.median_s):>23}{ms(bl.iqr_s):>8}{blocks['torch eager'].median_s / bl.median_s:>11.2f}x"
+            + ("  (noisy)" if tm.noisy or bl.noisy else "")
         )
     speedup = t["torch eager"].median_s / t[defaults.name].median_s
+    block_speedup = blocks["torch eager"].median_s / blocks[defaults.name].median_s
+    print(f"  in blocks: fusiontune defaults {block_speedup:.2f}x torch eager")
     print(
         f"  fusiontune defaults: {speedup:.2f}x torch eager (goal >= 1.0x: {'met' if speedup >= 1.0 else 'NOT met'}),"
         f" {t[all_off.name].median_s / t[defaults.name].median_s:.2f}x all-off"
@@ -260,6 +273,7 @@ def bench_torch(workload: Workload, sizes: Mapping[str, int], rounds: int) -> di
         "torch_matches": ok,
         **{f"{k}_median_s": v.median_s for k, v in t.items()},
         "speedup_vs_torch": speedup,
+        "speedup_vs_torch_in_blocks": block_speedup,
     }
 
 
