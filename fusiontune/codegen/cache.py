@@ -55,6 +55,7 @@ from pathlib import Path
 import numba
 
 from fusiontune.codegen.common import KernelSource
+from fusiontune.codegen.threading_layer import configure_threading
 
 _MEMORY: dict[str, Callable[..., None]] = {}
 _LOCK = threading.Lock()
@@ -127,6 +128,7 @@ def compile_kernel(src: KernelSource) -> CompiledKernel:
         Exception: whatever numba raises when ``src`` itself does not compile.
     """
     key = src.key
+    configure_threading()  # before numba compiles or loads its first parallel loop
     with _LOCK:
         fn = _MEMORY.get(key)
     if fn is not None:

@@ -10,6 +10,9 @@ import numba
 import numpy as np
 
 from fusiontune.codegen.blas import gemm_at32
+from fusiontune.codegen.threading_layer import configure_threading
+
+configure_threading()  # before the parallel function below is compiled or loaded
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)

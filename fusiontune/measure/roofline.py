@@ -27,6 +27,10 @@ def copy_kernel() -> Callable[[np.ndarray, np.ndarray], None]:
     """The parallel numba copy `dst[i] = src[i]` that copy bandwidth is measured with."""
     import numba  # lazy: importing fusiontune.measure must not start numba
 
+    from fusiontune.codegen.threading_layer import configure_threading
+
+    configure_threading()
+
     @numba.njit(parallel=True, cache=True)
     def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
         for i in numba.prange(src.shape[0]):
@@ -189,9 +193,12 @@ def machine_info() -> dict[str, Any]:
 
     Returns:
         ``hostname``, ``cpu_model``, ``cpu_count`` (logical CPUs), ``cpus_usable`` (this
-        process's affinity), ``numba_threads``, ``numpy``, ``numba``, ``python``, ``platform``.
+        process's affinity), ``numba_threads``, ``threading_layer`` (numba's: tbb, omp...),
+        ``numpy``, ``numba``, ``python``, ``platform``.
     """
     import numba
+
+    from fusiontune.codegen.threading_layer import threading_layer
 
     try:
         usable = len(os.sched_getaffinity(0))
@@ -203,6 +210,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count() or 1,
         "cpus_usable": usable,
         "numba_threads": int(numba.get_num_threads()),
+        "threading_layer": threading_layer(),
         "numpy": np.__version__,
         "numba": numba.__version__,
         "python": platform.python_version(),
