@@ -84,7 +84,7 @@ def _layer_norm_grads() -> Graph:
     g = GraphBuilder("ln_grads")
     dy, xhat = g.input("dy", (2, 8, 16)), g.input("xhat", (2, 8, 16))
     outs = []
-    for name, t in (("gamma", g.mul(g.exp(dy), xhat)), ("beta", g.exp(dy))):
+    for name, t in (("gamma", g.mul(g.mul(dy, 3.0), xhat)), ("beta", g.mul(dy, 3.0))):
         p = g.input(name, (16,))
         grad = g.reshape(g.reduce_sum(t, [0, 1], keepdims=True), (16,))
         outs += [grad, g.sub(p, g.mul(grad, 0.1))]
@@ -150,3 +150,65 @@ def test_the_step_has_no_transpose_feeding_a_matmul_and_no_lone_gradient_reducti
         grads = {f"grad/{p}" for p in w.train.params}
         if any(g.node(n).op == "ReduceSum" and g.node(n).outputs[0] in grads for n in grp.nodes):
             assert any(o.startswith("updated/") for n in grp.nodes for o in g.node(n).outputs), grp.name
+
+
+def _renamed(graph: Graph, names: dict[str, str]) -> Graph:
+    """``graph`` with some values renamed (the builder names values after their nodes)."""
+    from dataclasses import replace
+
+    def r(v: str) -> str:
+        return names.get(v, v)
+
+    values = {r(k): replace(v, name=r(k)) for k, v in graph.values.items()}
+    nodes = tuple(replace(n, inputs=tuple(map(r, n.inputs)), outputs=tuple(map(r, n.outputs))) for n in graph.nodes)
+    return Graph(graph.name, values, nodes, graph.inputs, tuple(map(r, graph.outputs)), graph.constants)
+
+
+def _weight_step() -> Graph:
+    """dW = sum over the batch of X^T dY (as sum_to writes it), then SGD with momentum on W."""
+    g = GraphBuilder("weight_step")
+    x, dy = g.input("x", (2, 8, 16)), g.input("dy", (2, 8, 12))
+    w, m = g.input("w", (16, 12)), g.input("m", (16, 12))
+    partial = g.matmul(g.transpose(x, (0, 2, 1)), dy)
+    grad = g.reshape(g.reduce_sum(partial, [0], keepdims=True), (16, 12))
+    buf = g.add(g.mul(m, 0.9), grad)
+    new_w = g.sub(w, g.mul(buf, 0.1))
+    g.output(grad, buf, new_w)
+    return _renamed(g.build(), {grad.name: "grad/w", buf.name: "updated/m", new_w.name: "updated/w"})
+
+
+def test_a_weight_gradient_is_one_gemm_with_its_update_as_epilogue_in_place() -> None:
+    graph = _weight_step()
+    fused = _matches_interpreter(graph, FusionConfig.defaults())
+    g = fused.graph
+    (mm,) = [n for n in g.nodes if n.op == "MatMul"]
+    assert mm.attrs.get("trans_a") == 1 and g.values[mm.inputs[0]].shape == (16, 16)
+    assert not any(n.op in ("ReduceSum", "Transpose") for n in g.nodes)
+    program = build_program(fused)
+    assert program.kernel_count == 1  # the Reshapes of x and dy are views, the update an epilogue
+    assert dict(program.in_place) == {"updated/m": "m", "updated/w": "w"}
+    off = build_program(run_pipeline(graph, FusionConfig.all_off()).fused)
+    assert off.kernel_count > 5 and off.peak_bytes > program.peak_bytes
+
+
+def test_each_backward_pass_alone_can_be_switched_off() -> None:
+    graph = _weight_step()
+    counts = {}
+    for name in ("BatchMatmulReduceFusionPass", "TbeMatmulElemwiseFusionPass", "ReshapeRemovePass"):
+        fused = _matches_interpreter(graph, FusionConfig.resolve(explicit={name: False}))
+        counts[name] = build_program(fused).kernel_count
+    assert all(c > 1 for c in counts.values()), counts
+
+
+def test_a_transcendental_stays_out_of_a_column_sum() -> None:
+    """Exp over the whole domain of a sum over rows runs row-major in its own kernel."""
+    g = GraphBuilder("col")
+    x = g.input("x", (2, 8, 16))
+    g.output(g.reduce_sum(g.mul(g.exp(x), 2.0), [0, 1], keepdims=False))
+    fused = _matches_interpreter(g.build(), FusionConfig.defaults())
+    (red,) = [grp for grp in fused.groups if any(fused.graph.node(n).op == "ReduceSum" for n in grp.nodes)]
+    assert "Exp" not in [fused.graph.node(n).op for n in red.nodes]
+    g2 = GraphBuilder("row")  # a sum over the last axis reads row-major: Exp fuses into it
+    x2 = g2.input("x", (2, 8, 16))
+    g2.output(g2.reduce_sum(g2.exp(x2), [2], keepdims=True))
+    assert _matches_interpreter(g2.build(), FusionConfig.defaults()).kernel_count == 1
