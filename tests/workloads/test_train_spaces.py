@@ -27,7 +27,7 @@ def test_onnx_training_space_loads_and_searches_the_recompute_split_point() -> N
     space = load_space(SPACE)
     assert space.onnx is not None and Path(space.onnx.path).name == "bert_encoder.onnx"
     assert space.train is not None and space.train.loss == "mse" and space.train.optimizer == "sgd"
-    assert space.splits[POINT] == (0, 1, 2, 3)
+    assert space.splits[POINT] == (0, 2)
 
 
 def test_onnx_training_step_trains_within_the_bound(workload: Workload) -> None:
