@@ -139,21 +139,22 @@ PASSES: tuple[PassInfo, ...] = (
     # The fused backward ops (ir/_ops_grad.py): the rules write them, each pass keeps its op (one
     # kernel, reading saved forward statistics) or expands it; GradExpanderPass expands the ops of
     # the passes that are off, so an off switch gives the primitive backward.
+    # Their recompute split points have no choices: a training space lists [0, 1] to search them.
     _p("SoftmaxGradFusionPass", ("softmax_grad_fusion",), GRAPH_FUSION, "backward",
        f"{_G}.softmax_grad:softmax_grad_fusion",
        "training only: Softmax's backward (attention's too) as one SoftmaxGrad kernel from the saved output"),
     _p("LayerNormGradFusionPass", ("layer_norm_grad_fusion",), GRAPH_FUSION, "backward",
        f"{_G}.norm_grad:layer_norm_grad_fusion",
        "training only: LayerNorm's backward as one LayerNormGrad kernel reading the forward's mean and rstd",
-       split_points=(SplitPoint("recompute", 0, 1, "1: the backward kernel recomputes mean and rstd instead of reading the forward's", (0, 1)),)),
+       split_points=(SplitPoint("recompute", 0, 1, "1: the backward kernel recomputes mean and rstd instead of reading the forward's"),)),
     _p("RmsNormGradFusionPass", ("rms_norm_grad_fusion",), GRAPH_FUSION, "backward",
        f"{_G}.norm_grad:rms_norm_grad_fusion",
        "training only: RMSNorm's backward as one RmsNormGrad kernel reading the forward's rstd",
-       split_points=(SplitPoint("recompute", 0, 1, "1: the backward kernel recomputes rstd instead of reading the forward's", (0, 1)),)),
+       split_points=(SplitPoint("recompute", 0, 1, "1: the backward kernel recomputes rstd instead of reading the forward's"),)),
     _p("GeluGradFusionPass", ("gelu_grad_fusion",), GRAPH_FUSION, "backward",
        f"{_G}.gelu_grad:gelu_grad_fusion",
        "training only: GELU's backward as one GeluGrad op reading the forward's Phi(x) (no erf in the backward)",
-       split_points=(SplitPoint("recompute", 0, 1, "1: the backward recomputes Phi(x) (erf) instead of reading the forward's", (0, 1)),)),
+       split_points=(SplitPoint("recompute", 0, 1, "1: the backward recomputes Phi(x) (erf) instead of reading the forward's"),)),
     _p("ReluGradFusionPass", ("relu_grad_fusion", "add_relu_grad_fusion"), GRAPH_FUSION, "backward",
        f"{_G}.relu_grad:relu_grad_fusion",
        "training only: Relu's (Add+Relu's) backward as one ReluGrad op reading the forward's output"),
