@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fusiontune.codegen.attention import generate_attention_kernel
+from fusiontune.codegen.attention_grad import generate_attention_grad_kernel
 from fusiontune.codegen.common import KernelSource, NotFusable, lower_group
 from fusiontune.codegen.contraction import generate_contraction_kernel
 from fusiontune.codegen.conv import generate_conv_kernel
@@ -107,6 +108,8 @@ def kernel_source(graph: Graph, node_names: Sequence[str], schedule: Mapping[str
             raise NotFusable("ConvTranspose runs as a kernel of its own (bias included)")
         return generate_conv_transpose_kernel(graph.node(node_names[0]), dict(graph.values), KERNEL_NAME)
     low = lower_group(graph, node_names, outputs)
+    if "AttentionGrad" in ops:
+        return generate_attention_grad_kernel(low, inputs, outputs, KERNEL_NAME, approx)
     if any(op in ATTENTION_OPS for op in ops):
         # One Attention node alone (codegen/attention.py); ``q_block`` sets its query rows per task.
         return generate_attention_kernel(low, inputs, outputs, KERNEL_NAME, int(schedule.get("q_block", 0)), approx)

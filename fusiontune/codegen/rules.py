@@ -10,7 +10,8 @@ Every op has exactly one rule, found by :func:`rule_kind`:
   with the epilogue applied in cache (codegen/contraction.py, codegen/conv.py).
 * ``window``: MaxPool / AveragePool, a sliding-window kernel of its own (codegen/pool.py).
 * ``layout``: a data-movement kernel of its own (codegen/layout.py).
-* ``attention``: the fused Attention op, a flash-attention kernel of its own (codegen/attention.py).
+* ``attention``: the fused Attention op, a flash-attention kernel of its own (codegen/attention.py),
+  and its backward AttentionGrad (codegen/attention_grad.py).
 * ``opaque``: a fused op with a kernel of its own that nothing fuses into (RotaryPositionEmbedding,
   codegen/rotary.py).
 
@@ -302,7 +303,7 @@ INDEX_OPS = ("GatherND", "GatherElements", "ScatterND", "CumSum", "Trilu", "Tile
 LAYOUT_OPS = ("Reshape", "Transpose", "Concat", "Split", "Slice", "Gather", *INDEX_OPS)
 CONTRACTION_OPS = ("MatMul", "Conv", "ConvTranspose")  # ConvTranspose: codegen/conv_transpose.py
 WINDOW_OPS = ("MaxPool", "AveragePool")  # one kernel per node (codegen/pool.py)
-ATTENTION_OPS = ("Attention",)  # one kernel per node (codegen/attention.py)
+ATTENTION_OPS = ("Attention", "AttentionGrad")  # one kernel per node (codegen/attention.py, attention_grad.py)
 OPAQUE_OPS = ("RotaryPositionEmbedding",)  # one kernel per node (codegen/rotary.py)
 
 

@@ -26,6 +26,12 @@ cotangent (``dy``), ``n`` the row length and the statistics over the last axis:
 * ``ReluGrad(y, dy)``: ``dy`` where ``y > 0``, else 0 (Relu's subgradient 0 at 0, as its rule);
   it reads the forward *output*, so the input of a ``Relu(a + b)`` (seed 004's FusedAddReLU) need
   not be kept for the backward.
+* ``AttentionGrad(q, k, v, dy[, mask]) -> (dq, dk, dv)``: the flash-attention backward of
+  ``Attention`` (same ``scale``): the probabilities ``p = softmax(q k^T * scale + mask)`` are
+  recomputed from q and k, ``dv = p^T dy``, ``ds = p * (dp - sum(dp * p))`` with ``dp = dy v^T``,
+  ``dq = scale * ds k``, ``dk = scale * ds^T q``. q, k, v and dy share their batch axes (no
+  broadcast); the mask broadcasts to the scores and gets no gradient (a rule that needs one writes
+  the primitive form).
 """
 
 from __future__ import annotations
@@ -178,5 +184,45 @@ _register(
         lambda attrs, y, dy: (np.where(y > 0, dy, dy.dtype.type(0)).astype(result_type(y, dy), copy=False),),
         2, basic=True,
         doc="Relu's backward from its output y: dy where y > 0, else 0",
+    )
+)
+
+
+def _attention_grad_shape(attrs: Mapping[str, Any], ins: Sequence[Value]) -> list[tuple[Shape, str]]:
+    q, k, v, dy = ins[:4]
+    if len(q.shape) < 2 or not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2] == dy.shape[:-2]):
+        raise ValueError(f"AttentionGrad needs q, k, v, dy with one batch shape, got {q.shape}, {k.shape}, {v.shape}, {dy.shape}")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or dy.shape != (*q.shape[:-1], v.shape[-1]):
+        raise ValueError(f"AttentionGrad shapes: q {q.shape}, k {k.shape}, v {v.shape}, dy {dy.shape}")
+    if len(ins) == 5:
+        scores = (*q.shape[:-1], k.shape[-2])
+        if broadcast_shapes(scores, ins[4].shape) != scores:
+            raise ValueError(f"AttentionGrad mask {ins[4].shape} does not broadcast to the scores {scores}")
+    dtype = result_dtype(ins[:4])
+    return [(q.shape, dtype), (k.shape, dtype), (v.shape, dtype)]
+
+
+def _attention_grad(attrs: Mapping[str, Any], q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.ndarray, *mask: np.ndarray) -> tuple:
+    scale = q.dtype.type(attrs.get("scale", 1.0))
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    if mask:
+        s = s + mask[0]
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = e / e.sum(axis=-1, keepdims=True)
+    dp = np.matmul(dy, np.swapaxes(v, -1, -2))
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+    dtype = result_type(q, k, v, dy)
+    return (
+        (np.matmul(ds, k) * scale).astype(dtype, copy=False),
+        (np.matmul(np.swapaxes(ds, -1, -2), q) * scale).astype(dtype, copy=False),
+        np.matmul(np.swapaxes(p, -1, -2), dy).astype(dtype, copy=False),
+    )
+
+
+_register(
+    OpDef(
+        "AttentionGrad", "attention", _attention_grad_shape, _attention_grad, (4, 5), attrs={"scale": 1.0},
+        doc="Attention's backward -> (dq, dk, dv): p recomputed from q, k (and the mask), "
+        "ds = p * (dy v^T - rowsum), dq = scale ds k, dk = scale ds^T q, dv = p^T dy",
     )
 )

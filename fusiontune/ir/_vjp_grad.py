@@ -27,7 +27,7 @@ from fusiontune.ir.builder import Tensor
 from fusiontune.ir.expand import expand
 from fusiontune.ir.graph import Graph
 
-GRAD_OPS = ("SoftmaxGrad", "LayerNormGrad", "RmsNormGrad", "GeluGrad", "ReluGrad")
+GRAD_OPS = ("SoftmaxGrad", "LayerNormGrad", "RmsNormGrad", "GeluGrad", "ReluGrad", "AttentionGrad")
 
 
 @vjp(*GRAD_OPS)

@@ -14,11 +14,13 @@
   element, divided by the window's count.
 * Attention: the probabilities are recomputed from q and k (the flash-attention backward), then
   ``dv = p^T g``, ``ds = SoftmaxGrad(p, dp) = p * (dp - sum(dp * p))`` with ``dp = g v^T``,
-  ``dq = scale * ds k``, ``dk = scale * ds^T q``, and the mask's gradient is ``ds``. The
-  recomputation is a Softmax of the scores, not ``exp(s - lse)`` from a saved row logsumexp: the
-  Attention kernel (codegen/attention.py) keeps its running max and sum in registers and writes
-  only the output, so there is no saved statistic to read; the backward is MatMuls around one
-  Softmax and one SoftmaxGrad kernel, each fused by the passes like any other.
+  ``dq = scale * ds k``, ``dk = scale * ds^T q``, and the mask's gradient is ``ds``. Where q, k,
+  v and the cotangent share their batch axes and the mask needs no gradient, the rule writes one
+  ``AttentionGrad`` node (AttentionGradFusionPass keeps it as one kernel, codegen/attention_grad.py,
+  or expands it into this primitive form). The recomputation is a softmax of the scores, not
+  ``exp(s - lse)`` from a saved row logsumexp: the Attention kernel (codegen/attention.py) keeps
+  its running max and sum in registers and writes only the output, so there is no saved
+  statistic to read.
 * RotaryPositionEmbedding: ``rotate`` is antisymmetric, so ``dx = g * cos - rotate(g * sin)``.
 """
 
@@ -267,6 +269,11 @@ def _attention(c: VjpContext) -> Sequence[Tensor | None]:
     b, (q, k, v) = c.b, c.inputs[:3]
     g = c.g
     scale = float(c.attrs.get("scale", 1.0))
+    masked = len(c.inputs) == 4
+    if q.shape[:-2] == k.shape[:-2] == v.shape[:-2] == g.shape[:-2] and not (masked and c.needs[3]):
+        # One AttentionGrad node (its expansion is the primitive form below, written out).
+        dq, dk, dv = b.op("AttentionGrad", q, k, v, g, *c.inputs[3:], n_outputs=3, scale=scale)
+        return [dq if c.needs[0] else None, dk if c.needs[1] else None, dv if c.needs[2] else None, *([None] if masked else [])]
     s = b.mul(b.matmul(q, swap_last(b, k)), scale)
     if len(c.inputs) == 4:
         s = b.add(s, c.x(3))

@@ -39,6 +39,8 @@ EXPANDABLE = (
 """Ops that codegen lowers through their expansion (and NormSplitFusionPass may cut)."""
 ELEMENTWISE_EXPANDABLE = ("GeluGrad", "GeluCdf", "ReluGrad")
 """Elementwise ops with an expansion (their primitive form) that codegen writes as scalar rules."""
+# AttentionGrad expands too (into MatMuls, a Softmax and a SoftmaxGrad, its rule's former form);
+# codegen runs it as a kernel of its own (codegen/attention_grad.py), not through the expansion.
 _SQRT_2 = float(np.sqrt(2.0))
 _SQRT_2PI = float(np.sqrt(2.0 * np.pi))
 _TANH_C = float(np.sqrt(2.0 / np.pi))
@@ -161,6 +163,9 @@ def expand(node: Node, values: Mapping[str, Value]) -> Expansion:
     elif node.op in ELEMENTWISE_EXPANDABLE:
         cut = 0
         _expand_elementwise(w, node)
+    elif node.op == "AttentionGrad":
+        cut = 0
+        _expand_attention_grad(w, node)
     else:
         raise ValueError(f"no expansion for {node.op}")
     return Expansion(tuple(w.nodes[:cut]), tuple(w.nodes[cut:]), w.new_values, w.constants)
@@ -229,3 +234,26 @@ def _expand_elementwise(w: _Writer, node: Node) -> None:
         cdf = ins[2] if len(ins) == 3 else _gelu_cdf(w, x, approximate)
         pdf = w.op("Div", w.op("Exp", w.op("Mul", w.op("Mul", x, x), w.const(-0.5))), w.const(_SQRT_2PI))
         w.op("Mul", dy, w.op("Add", cdf, w.op("Mul", x, pdf)), out=out)
+
+
+def _expand_attention_grad(w: _Writer, node: Node) -> None:
+    """Attention's backward as the rule wrote it before AttentionGrad: MatMuls around a Softmax of
+    the recomputed scores and a SoftmaxGrad (no stats/apply cut: it holds contractions)."""
+    q, k, v, dy = node.inputs[:4]
+    dq, dk, dv = node.outputs
+    scale = float(node.attr("scale", 1.0))
+    rank = len(w.values[q].shape)
+    perm = (*range(rank - 2), rank - 1, rank - 2)
+
+    def t(x: str) -> str:
+        return w.op("Transpose", x, perm=perm)
+
+    s = w.op("Mul", w.op("MatMul", q, t(k)), w.const(scale))
+    if len(node.inputs) == 5:
+        s = w.op("Add", s, node.inputs[4])
+    p = w.op("Softmax", s, axis=-1)
+    dp = w.op("MatMul", dy, t(v))
+    ds = w.op("SoftmaxGrad", p, dp, axis=-1)
+    w.op("Mul", w.op("MatMul", ds, k), w.const(scale), out=dq)
+    w.op("Mul", w.op("MatMul", t(ds), q), w.const(scale), out=dk)
+    w.op("MatMul", t(p), dy, out=dv)

@@ -136,10 +136,18 @@ PASSES: tuple[PassInfo, ...] = (
        f"{_G}.autodiff:autodiff",
        "training only: add the loss, the backward of the fused forward and the optimizer update",
        switchable=False),
-    # The fused backward ops (ir/_ops_grad.py): the rules write them, each pass keeps its op (one
-    # kernel, reading saved forward statistics) or expands it; GradExpanderPass expands the ops of
-    # the passes that are off, so an off switch gives the primitive backward.
-    # Their recompute split points have no choices: a training space lists [0, 1] to search them.
+    # The fused backward ops (ir/_ops_grad.py): the rules write them; GradExpanderPass first expands
+    # the ops of the passes that are off (an off switch gives the primitive backward), then each
+    # pass keeps its op (one kernel, reading saved forward statistics) or expands it. Attention's
+    # before Softmax's: AttentionGrad's expansion holds a SoftmaxGrad. Their recompute split points
+    # have no choices: a training space lists [0, 1] to search them.
+    _p("GradExpanderPass", ("grad_expander",), GRAPH_FUSION, "backward",
+       f"{_G}.grad_expander:grad_expander",
+       "training only: expand the grad ops of the backward passes that are off into primitives",
+       switchable=False),
+    _p("AttentionGradFusionPass", ("attention_grad_fusion", "FlashAttentionGradFusion"), GRAPH_FUSION, "backward",
+       f"{_G}.attention_grad:attention_grad_fusion",
+       "training only: Attention's backward as one AttentionGrad kernel (scores, softmax and ds stay in cache)"),
     _p("SoftmaxGradFusionPass", ("softmax_grad_fusion",), GRAPH_FUSION, "backward",
        f"{_G}.softmax_grad:softmax_grad_fusion",
        "training only: Softmax's backward (attention's too) as one SoftmaxGrad kernel from the saved output"),
@@ -158,10 +166,6 @@ PASSES: tuple[PassInfo, ...] = (
     _p("ReluGradFusionPass", ("relu_grad_fusion", "add_relu_grad_fusion"), GRAPH_FUSION, "backward",
        f"{_G}.relu_grad:relu_grad_fusion",
        "training only: Relu's (Add+Relu's) backward as one ReluGrad op reading the forward's output"),
-    _p("GradExpanderPass", ("grad_expander",), GRAPH_FUSION, "backward",
-       f"{_G}.grad_expander:grad_expander",
-       "training only: expand the grad ops of the backward passes that are off into primitives",
-       switchable=False),
     # ---- after the backward, before grouping: the last GraphFusion rewrite (TransposeMatMul) ---
     # A GraphFusion pass in the split_pre stage, ahead of its UBFusion rows: it sees the backward's
     # MatMul(dY, Transpose(W)) / MatMul(Transpose(X), dY), after every pattern over MatMul ran.

@@ -1025,6 +1025,28 @@ CASES: tuple[OpCase, ...] = (
     OpCase("GeluCdf", "GeluCdf-erf", lambda g: g.op("GeluCdf", g.input("x", (5, 37)))),
     OpCase("GeluCdf", "GeluCdf-tanh", lambda g: g.op("GeluCdf", g.input("x", (5, 37)), approximate="tanh")),
     OpCase("ReluGrad", "ReluGrad", lambda g: g.op("ReluGrad", g.input("y", (5, 37)), g.input("dy", (5, 37)))),
+    OpCase(
+        "AttentionGrad", "AttentionGrad-heads",
+        lambda g: g.op(
+            "AttentionGrad", g.input("q", (2, 3, 9, 8)), g.input("k", (2, 3, 11, 8)), g.input("v", (2, 3, 11, 5)),
+            g.input("dy", (2, 3, 9, 5)), n_outputs=3, scale=0.35,
+        ),
+    ),
+    OpCase(
+        "AttentionGrad", "AttentionGrad-broadcast_mask",
+        lambda g: g.op(
+            "AttentionGrad", g.input("q", (4, 7, 6)), g.input("k", (4, 10, 6)), g.input("v", (4, 10, 6)),
+            g.input("dy", (4, 7, 6)), _c(g, (1, 10), 12), n_outputs=3, scale=0.4,
+        ),
+    ),
+    OpCase(
+        "AttentionGrad", "AttentionGrad-float64_causal",
+        lambda g: g.op(
+            "AttentionGrad", g.input("q", (2, 6, 4)), g.input("k", (2, 6, 4)), g.input("v", (2, 6, 3)),
+            g.input("dy", (2, 6, 3)), g.const(np.triu(np.full((6, 6), -1e9), 1)), n_outputs=3,
+        ),
+        dtype="float64", rtol=1e-12, atol=1e-13,
+    ),
     # Forward normalizations that save their statistics for the backward (save_stats=1).
     OpCase(
         "LayerNorm", "LayerNorm-save_stats",

@@ -442,6 +442,14 @@ CASES: list[GradCase] = [
         "ReluGrad", "ReluGrad", lambda b: b.op("ReluGrad", b.input("y", (2, 3)), b.input("dy", (2, 3)))
     ),
     GradCase(
+        "AttentionGrad",
+        "AttentionGrad-masked",
+        lambda b: b.op(
+            "AttentionGrad", b.input("q", (1, 2, 3)), b.input("k", (1, 3, 3)), b.input("v", (1, 3, 2)),
+            b.input("dy", (1, 2, 2)), b.input("mask", (2, 3)), n_outputs=3, scale=0.7,
+        ),
+    ),
+    GradCase(
         "AddLayerNorm",
         "AddLayerNorm",
         lambda b: b.op(

@@ -103,6 +103,22 @@ def test_relu_grad_reads_the_output_and_is_the_vjp_of_relu() -> None:
     np.testing.assert_array_equal(edge, [0.0, 0.0, 1.0])
 
 
+def test_attention_grad_is_the_vjp_of_attention() -> None:
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5, 3))
+    mask = np.where(rng.random((3, 5)) < 0.3, -1e9, 0.0)
+    dy = rng.standard_normal((2, 3, 3))
+    grads = _ref("AttentionGrad", [q, k, v, dy, mask], 3, scale=0.6)
+    for i, x in enumerate((q, k, v)):
+
+        def forward(arg: np.ndarray, i: int = i) -> np.ndarray:
+            args = [q, k, v]
+            args[i] = arg
+            return _ref("Attention", [*args, mask], scale=0.6)[0]
+
+        np.testing.assert_allclose(grads[i], _vjp_numeric(forward, x, dy), rtol=1e-5, atol=1e-7)
+
+
 # ---- the expansions are the primitive backward -----------------------------------------------------
 def _one_op(op: str, shapes: Sequence[tuple[int, ...]], n_out: int, **attrs: object) -> Graph:
     b = GraphBuilder(op, "float64")
@@ -124,6 +140,8 @@ EXPANSION_CASES = [
     ("GeluGrad", [(4, 7), (4, 7), (4, 7)], 1, {"approximate": "tanh"}),
     ("GeluCdf", [(4, 7)], 1, {"approximate": "tanh"}),
     ("ReluGrad", [(4, 7), (4, 7)], 1, {}),
+    ("AttentionGrad", [(2, 4, 3), (2, 5, 3), (2, 5, 6), (2, 4, 6)], 3, {"scale": 0.5}),
+    ("AttentionGrad", [(2, 4, 3), (2, 5, 3), (2, 5, 6), (2, 4, 6), (4, 5)], 3, {"scale": 0.5}),
     ("LayerNorm", [(4, 7), (7,), (7,)], 3, {"save_stats": 1}),
     ("AddLayerNorm", [(4, 7), (4, 7), (7,), (7,)], 4, {"save_stats": 1}),
     ("RMSNorm", [(4, 7), (7,)], 2, {"save_stats": 1}),

@@ -49,19 +49,32 @@ def test_defaults_keep_the_grad_ops_and_read_saved_statistics() -> None:
     (cdf,) = _ops(graph, "GeluCdf")
     assert gelu_grad.inputs[2] == cdf.outputs[0] and not _ops(graph, "Gelu")
     assert not _ops(graph, "Erf")  # the backward evaluates no erf: the forward's gate is read
-    assert len(_ops(graph, "SoftmaxGrad")) == 1  # inside the attention backward
+    # the attention backward is one AttentionGrad (its SoftmaxGrad lives inside its kernel)
+    assert len(_ops(graph, "AttentionGrad")) == 1 and not _ops(graph, "SoftmaxGrad")
 
 
 @pytest.mark.parametrize("name", GRAD_PASSES)
 def test_switch_off_leaves_the_primitive_backward(name: str) -> None:
     op = next(o for o, p in OWNERS.items() if p == name)
     workload = {"RmsNormGradFusionPass": "llama_block", "ReluGradFusionPass": "mlp"}.get(name, "transformer_block")
-    on = _run(workload, FusionConfig.defaults())
-    off = _run(workload, FusionConfig.defaults().with_values({name: False}))
+    # With AttentionGradFusionPass on, the attention's SoftmaxGrad is inside its AttentionGrad.
+    base = {"AttentionGradFusionPass": False} if name == "SoftmaxGradFusionPass" else {}
+    on = _run(workload, FusionConfig.defaults().with_values(base))
+    off = _run(workload, FusionConfig.defaults().with_values({**base, name: False}))
     assert _ops(on.fused.graph, op), f"{workload} has no {op} to keep"
     assert not _ops(off.fused.graph, op)
     assert off.report.effected("GradExpanderPass") == len(_ops(on.fused.graph, op))
     assert not any(name in line for line in off.report.log_lines())
+
+
+def test_attention_grad_off_leaves_its_softmax_grad_to_softmax_grad_fusion() -> None:
+    graph = _run("transformer_block", FusionConfig.defaults().with_values({"AttentionGradFusionPass": False})).fused.graph
+    assert not _ops(graph, "AttentionGrad") and len(_ops(graph, "SoftmaxGrad")) == 1
+    both = FusionConfig.defaults().with_values({"AttentionGradFusionPass": False, "SoftmaxGradFusionPass": False})
+    graph = _run("transformer_block", both).fused.graph
+    assert not _ops(graph, "AttentionGrad") and not _ops(graph, "SoftmaxGrad")
+    denied = _run("transformer_block", FusionConfig.defaults(), {"AttentionGradFusionPass": frozenset({0})})
+    assert [a.pattern for a in denied.report.applications if a.pass_name == "SoftmaxGradFusionPass"] == ["AttentionSoftmaxGrad"]
 
 
 def test_all_off_has_no_grad_op_and_the_forward_keeps_its_form() -> None:

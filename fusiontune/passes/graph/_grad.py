@@ -3,12 +3,18 @@
 The mechanism (MindSpore's graph-kernel expanders, run the other way round): the vector-Jacobian
 rules always write the fused grad ops (ir/_ops_grad.py). In the ``backward`` stage, after
 AutodiffPass, each grad op's switchable pass asks ``ctx.allow`` for every node of its op: an
-allowed node stays one op (one kernel; codegen lowers it through its expansion or a scalar rule)
-and may be rewired to read the forward's saved statistics; a denied one is replaced, in place, by
-its expansion (ir/expand.py), the primitive form the rules wrote before these ops existed, which
-the UBFusion passes then group as usual. GradExpanderPass, last in the stage and not switchable,
-expands the nodes of every grad op whose pass is off. So with a switch off (``"ALL": "off"``
-included) or an application denied, that backward is exactly the primitive form.
+allowed node stays one op (one kernel; codegen lowers it through its expansion, a scalar rule or,
+for AttentionGrad, a kernel of its own) and may be rewired to read the forward's saved
+statistics; a denied one is replaced, in place, by its expansion (ir/expand.py), the primitive
+form the rules wrote before these ops existed, which the UBFusion passes then group as usual.
+GradExpanderPass, first in the stage after AutodiffPass and not switchable, expands the nodes of
+every grad op whose pass is off. So with a switch off (``"ALL": "off"`` included) or an
+application denied, that backward is exactly the primitive form.
+
+An expansion may hold another grad op (AttentionGrad's holds a SoftmaxGrad): the passes run in
+that order (AttentionGradFusionPass before SoftmaxGradFusionPass), so the inner op meets its own
+switch afterwards; where that switch is off the expansion is expanded again at once
+(:func:`expand_off`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ OWNERS: Mapping[str, str] = {
     "RmsNormGrad": "RmsNormGradFusionPass",
     "GeluGrad": "GeluGradFusionPass",
     "ReluGrad": "ReluGradFusionPass",
+    "AttentionGrad": "AttentionGradFusionPass",
 }
 """Grad op -> the pass whose switch keeps it fused."""
 
@@ -43,6 +50,15 @@ def splice_expansion(ed: GraphEditor, node: Node) -> None:
         ed.add_node(n)
 
 
+def expand_off(ed: GraphEditor, node: Node, ctx: PassContext) -> None:
+    """Splice ``node``'s expansion in, and expand again every grad op in it whose pass is off."""
+    before = {n.name for n in ed.nodes}
+    splice_expansion(ed, node)
+    for n in [n for n in ed.nodes if n.name not in before]:
+        if n.op in OWNERS and not ctx.config.enabled(OWNERS[n.op]):
+            expand_off(ed, n, ctx)
+
+
 def keep_or_expand(
     graph: Graph, ctx: PassContext, op: str, pattern: Callable[[Graph, Node], str], keep: Keep | None = None
 ) -> Graph:
@@ -58,7 +74,7 @@ def keep_or_expand(
             if keep is not None:
                 keep(ed, current)
         else:
-            splice_expansion(ed, current)
+            expand_off(ed, current, ctx)
     return ed.finish()
 
 

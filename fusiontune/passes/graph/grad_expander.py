@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fusiontune.ir.graph import Graph, GraphEditor
 from fusiontune.passes.base import PassContext
-from fusiontune.passes.graph._grad import OWNERS, application_nodes, splice_expansion
+from fusiontune.passes.graph._grad import OWNERS, application_nodes, expand_off
 from fusiontune.passes.pipeline import patterns
 
 
@@ -15,8 +15,9 @@ def grad_expander(graph: Graph, ctx: PassContext) -> Graph:
     Identity: each grad op equals its expansion up to rounding (tests/ir/test_grad_ops.py); the
     expansion is the primitive backward the vector-Jacobian rules wrote before the grad ops.
 
-    Preconditions: last in the ``backward`` stage, after the backward fusion passes, which keep
-    (or already expanded) the nodes of the ops they own.
+    Preconditions: first in the ``backward`` stage after AutodiffPass, before the backward fusion
+    passes: a grad op that an expansion here leaves behind (the SoftmaxGrad of an AttentionGrad)
+    meets its own pass afterwards, or is expanded here too when that pass is off.
 
     Not switchable: without it a switched-off backward pass would leave its op fused.
 
@@ -33,5 +34,5 @@ def grad_expander(graph: Graph, ctx: PassContext) -> Graph:
     ed = GraphEditor(graph)
     for node in todo:
         if ctx.allow("GradExpand", application_nodes(graph, node)):
-            splice_expansion(ed, node)
+            expand_off(ed, node, ctx)
     return ed.finish()
