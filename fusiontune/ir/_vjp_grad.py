@@ -1,9 +1,9 @@
 """Vector-Jacobian rules of the fused backward ops (ir/_ops_grad.py): second derivatives.
 
-A backward op (SoftmaxGrad, LayerNormGrad, RmsNormGrad, GeluGrad, ReluGrad) is differentiated
-through its expansion (ir/expand.py), the primitive form it stands for: the expansion becomes a
-small graph, :func:`~fusiontune.ir.autodiff.grad_graph` writes that graph's backward from the
-primitives' rules, and the backward is copied into the graph being built, reading the op's
+A backward op (SoftmaxGrad, LayerNormGrad, RmsNormGrad, GeluGrad, ReluGrad, AttentionGrad) is
+differentiated through its expansion (ir/expand.py), the primitive form it stands for: the
+expansion becomes a small graph, :func:`~fusiontune.ir.autodiff.grad_graph` writes that graph's
+backward from the primitives' rules, and the backward is copied into the graph being built, reading the op's
 inputs and the cotangents of its outputs. So a backward can be differentiated again (a
 Hessian-vector product) with no hand-written second derivative, and the rules stay exactly the
 derivatives of what the ops compute.
