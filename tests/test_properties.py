@@ -79,6 +79,10 @@ FOCUS: dict[str, tuple[str, str | None]] = {
     "ConvOutputSplitFusionPass": ("conv", "relu"),
     "FlashAttentionFusionPass": ("attention", "mask"),
     "RotaryPositionEmbeddingFusionPass": ("pattern", "rotary"),
+    "TransposeMatMulFusionPass": ("matmul", "transposed"),
+    "BatchMatmulReduceFusionPass": ("matmul", "batch_reduce"),
+    "TbeMatmulElemwiseFusionPass": ("matmul", "relu"),
+    "ReshapeRemovePass": ("layout", "Reshape"),
 }
 
 
@@ -337,6 +341,11 @@ class _Writer:
         g, t = self.g, self.cur
         k, n = t.shape[-1], self.draw(st.sampled_from([4, 8]))
         w = self.const((k, n), scale=1.0 / np.sqrt(k))
+        if kind == "transposed":  # a weight read transposed, as the backward's dX = dY W^T
+            w = g.transpose(self.input((n, k)), (1, 0))
+        elif kind == "batch_reduce":  # a weight that is a weight gradient: sum_b X_b^T dY_b
+            x, dy = self.input((2, 3, k)), self.input((2, 3, n))
+            w = g.reduce_sum(g.op("MatMul", x, dy, trans_a=1), [0], keepdims=False)
         if kind is None:
             bias = self.draw(st.sampled_from(["none", "add", "add_first", "bias_add", "input"]))
             act = self.draw(st.sampled_from(["none", "relu", "gelu", "gelu_decomposed"]))
