@@ -142,7 +142,7 @@ def plan_in_place(
     reads = [{views.get(a.value, a.value) for a in src.args if a.role == "in"} for _, src in kernels]
     found: dict[str, str] = {}
     for k, (group, src) in enumerate(kernels):
-        views = {(a.value, a.role): a.shape for a in src.args}
+        arg_shape = {(a.value, a.role): a.shape for a in src.args}
         for arg in src.args:
             out = arg.value
             name = out[len(UPDATED_PREFIX) :]
@@ -155,7 +155,7 @@ def plan_in_place(
                 continue
             if any(name in r for r in reads[k + 1 :]):
                 continue
-            if name in reads[k] and views.get((name, "in")) != views[(out, "out")]:
+            if name in reads[k] and arg_shape.get((name, "in")) != arg_shape[(out, "out")]:
                 continue
             if not _read_elementwise_before(g, group.nodes, name, out):
                 continue
