@@ -32,10 +32,12 @@ from fusiontune.runtime import build_program
 RTOL, ATOL = 1e-4, 1e-5  # float32 tolerance; ATOL is relative to the output's scale
 SLACK = 10  # a fused program may be this many times less accurate than the float32 interpreter
 
-# The backward stage runs only in a training step (AutodiffPass and the backward fusion passes):
-# tests/passes/test_grad_fusion.py and tests/workloads/test_training.py cover it, not these
+# The backward stage runs only in a training step (AutodiffPass and the backward fusion passes), and
+# RecomputeSplitFusionPass only moves forward values into a backward: tests/passes/
+# test_grad_fusion.py, test_recompute.py and tests/workloads/test_training.py cover them, not these
 # inference graphs.
-EXACT_PASSES = [p.name for p in PASSES if p.exact and p.stage != "backward"]
+TRAINING_ONLY = {"RecomputeSplitFusionPass"}
+EXACT_PASSES = [p.name for p in PASSES if p.exact and p.stage != "backward" and p.name not in TRAINING_ONLY]
 ALL_OFF = {"GraphFusion": False, "UBFusion": False}
 
 ROWS = (3, 5)

@@ -12,11 +12,13 @@ import pytest
 from fusiontune.codegen import group_sources
 from fusiontune.config import FusionConfig
 from fusiontune.ir import Graph, GraphBuilder, random_inputs, run_graph
+from fusiontune.ir.training import TrainSpec
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import run_pipeline
 from fusiontune.passes.registry import PASSES
 from fusiontune.runtime import Program, build_program, plan_buffers
 from fusiontune.workloads import make_workload
+from fusiontune.workloads.workload import training_workload
 
 SMALL = {
     "transformer_block": dict(batch=1, seq=8, hidden=16, heads=2, ffn=32),
@@ -288,6 +290,13 @@ SPLIT_POINTS = [
 
 # Where each split point has something to cut (default: the transformer block).
 SPLIT_WORKLOAD = {"TbeEltwiseSplitFusionPass.cut": "mindspore_custom_op"}
+# Split points of a training step's backward: the step of this workload, at this value.
+TRAIN_SPLITS = {
+    "LayerNormGradFusionPass.recompute": ("transformer_block", 1),
+    "RmsNormGradFusionPass.recompute": ("llama_block", 1),
+    "GeluGradFusionPass.recompute": ("transformer_block", 1),
+    "RecomputeSplitFusionPass.recompute": ("transformer_block", 2),  # 1 finds nothing cheap here
+}
 
 
 def conv_pair() -> Graph:
@@ -303,6 +312,16 @@ def conv_pair() -> Graph:
 @pytest.mark.parametrize(("key", "value"), SPLIT_POINTS, ids=[k for k, _ in SPLIT_POINTS])
 def test_every_split_point_changes_the_program(key: str, value: int) -> None:
     """DESIGN section 4: a split point that does not change the generated program is no dimension."""
+    if key in TRAIN_SPLITS:
+        name, value = TRAIN_SPLITS[key]
+        w = training_workload(make_workload(name, **SMALL.get(name, {})), TrainSpec())
+        plain = build_program(run_pipeline(w.graph, FusionConfig.defaults(), train=w.train).fused)
+        config = FusionConfig.resolve(split_points={key: value})
+        split = build_program(run_pipeline(w.graph, config, train=w.train).fused)
+        assert [k.key for k in split.kernels] != [k.key for k in plain.kernels]
+        floor = w.errors(run_graph(w.reference_graph, w.inputs, dtype=None))
+        assert w.errors({k: np.array(v) for k, v in split.run(w.inputs).items()}).max_rel <= 10 * floor.max_rel
+        return
     if key.startswith("ConvOutputSplitFusionPass."):
         graph = conv_pair()
         inputs = random_inputs(graph, seed=0)

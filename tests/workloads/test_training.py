@@ -208,8 +208,9 @@ def test_run_train_records_the_step(tmp_path: Path, capsys: pytest.CaptureFixtur
     args = ["run", "mlp", "--size", "batch=4", "--size", "hidden=16", "--repeat", "3", "--out", str(tmp_path)]
     assert main([*args, "--train", "--optimizer", "adam", "--lr", "0.01", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)
-    assert rec["train"] == {"loss": "mse", "optimizer": "adam", "lr": 0.01, "parameters": 6, "parameter_values": rec["train"]["parameter_values"]}
-    assert rec["train"]["parameter_values"] == 3 * (16 * 16 + 16)
+    train = rec["train"]
+    assert {k: train[k] for k in ("loss", "optimizer", "lr", "parameters")} == {"loss": "mse", "optimizer": "adam", "lr": 0.01, "parameters": 6}
+    assert train["parameter_values"] == 3 * (16 * 16 + 16)
     assert "GraphFusionPass[AutodiffPass]: pattern=TrainingStep, matched_times=1, effected_times=1" in rec["fusion_log"]
     result = json.loads((tmp_path / "fusion_result.json").read_text())
     assert "AutodiffPass" in json.dumps(result)
