@@ -15,10 +15,13 @@ A pass that runs in several canonicalize rounds has one line per pattern, with t
 the rounds, and its application indices run on across the rounds (unique per pass, stable for a
 given graph and configuration).
 
-A training step (``train`` given) adds the ``backward`` stage after GraphFusion: it writes the loss,
-the backward of the fused forward and the optimizer update (:mod:`fusiontune.ir.training`), then
-runs the canonicalize stage again over the whole step, so the UBFusion passes group forward and
-backward kernels alike. Without ``train`` the stage does not run and leaves no log line.
+A training step (``train`` given) adds the ``backward`` stage after GraphFusion: ``AutodiffPass``
+writes the loss, the backward of the fused forward and the optimizer update
+(:mod:`fusiontune.ir.training`), ``GradExpanderPass`` expands the backward ops whose switch is off,
+and the backward fusion passes (``SoftmaxGradFusionPass``...) keep the others as single ops reading
+the forward's saved statistics. Then the canonicalize stage runs again over the whole step, so the
+UBFusion passes group forward and backward kernels alike. Without ``train`` the stage does not run
+and leaves no log line.
 """
 
 from __future__ import annotations
