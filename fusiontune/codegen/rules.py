@@ -66,14 +66,8 @@ def _cast(a: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str) -> str:
 
 
 def _gelu(a: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str, approx: bool = False) -> str:
-    x = a[0]
-    if attrs.get("approximate", "none") == "tanh":
-        inner = f"{lit(0.7978845608028654)} * ({x} + {lit(0.044715)} * {x} * {x} * {x})"
-        th = _f32_call("tanh_approx", inner, dtype) if approx else f"np.tanh({inner})"
-        return f"({lit(0.5)} * {x} * ({lit(1.0)} + {th}))"
-    arg = f"{x} * {lit(0.7071067811865476)}"
-    erf = _f32_call("erf_approx", arg, dtype) if approx else f"math.erf({arg})"
-    return f"({lit(0.5)} * {x} * ({lit(1.0)} + {erf}))"
+    """``x * GeluCdf(x)``: the gate's factor 1/2 is exact, so this rounds as ``x/2 * (1 + erf)``."""
+    return f"({a[0]} * {_gelu_cdf(a[0], attrs, lit, dtype, approx)})"
 
 
 def _f32_call(fn: str, x: str, dtype: str) -> str:
