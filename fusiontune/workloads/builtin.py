@@ -22,6 +22,7 @@ import numpy as np
 from fusiontune.errors import UserError
 from fusiontune.ir.builder import GraphBuilder, Tensor
 from fusiontune.ir.graph import Graph
+from fusiontune.ir.training import TrainSpec
 from fusiontune.workloads._memory import check_fits, workload_bytes
 from fusiontune.workloads.workload import InputSpec, Workload, WorkloadSpec, build_workload
 
@@ -281,7 +282,7 @@ def graph_shapes(spec: WorkloadSpec, sizes: Mapping[str, int]) -> Graph:
         return spec.build(**sizes)
 
 
-def make_workload(name: str, **sizes: int) -> Workload:
+def make_workload(name: str, *, train: TrainSpec | None = None, **sizes: int) -> Workload:
     """Build a built-in workload: its graph, inputs and float64 reference outputs.
 
     Before any array is made, the graph is built for its shapes alone and the bytes the workload
@@ -290,6 +291,8 @@ def make_workload(name: str, **sizes: int) -> Workload:
 
     Args:
         name: a key of :data:`WORKLOADS`.
+        train: build the model's training step instead of its inference (its reference is the
+            step's; the forward's own is not run).
         **sizes: size parameters overriding the workload's defaults (positive integers).
 
     Returns:
@@ -324,4 +327,4 @@ def make_workload(name: str, **sizes: int) -> Workload:
     except (ValueError, OverflowError) as e:  # numpy's shape arithmetic is int64: 2**63 breaks it
         raise UserError(f"{what}: no graph has these sizes ({e})") from None
     check_fits(workload_bytes(shapes), what, "inputs, weights and the float64 reference")
-    return build_workload(spec, merged)
+    return build_workload(spec, merged, train)

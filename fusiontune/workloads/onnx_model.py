@@ -30,13 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from fusiontune.errors import UserError
 from fusiontune.ir.graph import Graph, Node, Value
-from fusiontune.ir.interpreter import random_inputs, run_graph
+from fusiontune.ir.interpreter import random_inputs
 from fusiontune.ir.onnx_import import InputFileError, OnnxImport
 from fusiontune.ir.training import TrainSpec
 from fusiontune.workloads._memory import check_fits, input_bytes, workload_bytes
-from fusiontune.workloads.workload import Workload, training_workload
+from fusiontune.workloads.workload import Workload, finish_workload
 
 ONNX_SUFFIX = ".onnx"
 
@@ -302,9 +301,9 @@ def file_inputs(graph: Graph, arrays: Mapping[str, np.ndarray], file: str) -> di
     return out
 
 
-def load_onnx_workload(source: OnnxSource, seed: int = 0) -> Workload:
+def load_onnx_workload(source: OnnxSource, seed: int = 0, train: TrainSpec | None = None) -> Workload:
     """Import the model, make its inputs (from the source's input file where it has them) and run
-    the float64 reference.
+    the float64 reference (with ``train``: make its training step, :func:`finish_workload`).
 
     Memory is checked twice before it is used: once the input shapes are fixed (inputs and
     weights, before the import folds anything), and once the graph's shapes are all known
@@ -322,8 +321,7 @@ def load_onnx_workload(source: OnnxSource, seed: int = 0) -> Workload:
     inputs = onnx_inputs(graph, seed)
     if source.inputs is not None:
         inputs.update(file_inputs(graph, arrays, source.inputs))
-    reference = run_graph(graph, inputs, "float64")
-    return Workload(source.name, graph, inputs, reference, dict(imported.dims))
+    return finish_workload(source.name, graph, inputs, imported.dims, train)
 
 
 def load_workload(
@@ -338,17 +336,10 @@ def load_workload(
             training step that does not fit the model (no weights, no such output...).
     """
     if isinstance(source, OnnxSource):
-        workload = load_onnx_workload(source)
-    else:
-        from fusiontune.workloads.builtin import make_workload
+        return load_onnx_workload(source, train=train)
+    from fusiontune.workloads.builtin import make_workload
 
-        workload = make_workload(source, **dict(sizes or {}))
-    if train is None:
-        return workload
-    try:
-        return training_workload(workload, train)
-    except (ValueError, NotImplementedError) as e:
-        raise UserError(f"{workload.name}: cannot train: {e}") from None
+    return make_workload(source, train=train, **dict(sizes or {}))
 
 
 def workload_source(space: Any) -> str | OnnxSource:

@@ -18,6 +18,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from fusiontune.errors import UserError
 from fusiontune.ir.graph import Graph
 from fusiontune.ir.interpreter import random_inputs, run_graph
 from fusiontune.ir.training import (
@@ -137,24 +138,47 @@ class Workload:
         return self.graph if self.train is None else training_step(self.graph, self.train)
 
 
-def build_workload(spec: WorkloadSpec, sizes: Mapping[str, int]) -> Workload:
+def build_workload(spec: WorkloadSpec, sizes: Mapping[str, int], train: TrainSpec | None = None) -> Workload:
     """Build the graph of ``spec`` with ``sizes``, make its inputs and run the float64 reference.
 
     Args:
         spec: the table row.
         sizes: complete, already checked size parameters.
+        train: make the model's training step instead (see :func:`finish_workload`).
 
     Returns:
         The workload.
     """
     graph = spec.build(**sizes)
-    inputs = spec.inputs.make(graph)
-    reference = run_graph(graph, inputs, "float64")
-    return Workload(spec.name, graph, inputs, reference, dict(sizes))
+    return finish_workload(spec.name, graph, spec.inputs.make(graph), sizes, train)
+
+
+def finish_workload(
+    name: str,
+    graph: Graph,
+    inputs: Mapping[str, np.ndarray],
+    params: Mapping[str, int],
+    train: TrainSpec | None = None,
+) -> Workload:
+    """The workload of ``graph`` on ``inputs``: its float64 reference run, or, with ``train``, its
+    training step (:func:`training_workload`), whose reference is the step's alone (the forward's
+    own reference is never run).
+
+    Raises:
+        UserError: a training step that does not fit the model (no weights, no such output...),
+            or whose reference cannot fit in memory.
+    """
+    if train is None:
+        return Workload(name, graph, inputs, run_graph(graph, inputs, "float64"), dict(params))
+    try:
+        return training_workload(Workload(name, graph, inputs, {}, dict(params)), train)
+    except (ValueError, NotImplementedError) as e:
+        raise UserError(f"{name}: cannot train: {e}") from None
 
 
 def training_workload(workload: Workload, spec: TrainSpec, seed: int = 0) -> Workload:
-    """The training step of ``workload``'s model, with ``spec``'s loss and optimizer.
+    """The training step of ``workload``'s model, with ``spec``'s loss and optimizer (its
+    reference outputs are not used: the step has its own).
 
     The weights (:func:`fusiontune.ir.training.parameters`, unless ``spec.params`` names them)
     become inputs bound to their values; the loss's target or labels and the optimizer state are
