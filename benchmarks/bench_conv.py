@@ -87,10 +87,43 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int, min_s: float 
     return {name: (t.median_s * 1e3, t.iqr_s * 1e3) for name, t in zip(fns, timings, strict=True)}
 
 
+def ort_conv(c: int, h: int, m: int, k: int, stride: int, group: int, w: np.ndarray, batch: int,
+             threads: int) -> Callable[[np.ndarray], object] | None:
+    """The same Conv as a one-node ONNX model in an onnxruntime session (ORT_ENABLE_ALL, no
+    spin-waiting, ``threads`` intra-op threads), or None where onnxruntime is not installed."""
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    p = k // 2
+    o = (h + 2 * p - k) // stride + 1
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[stride, stride], pads=[p, p, p, p], group=group)
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c, h, h])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, m, o, o])], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(model.SerializeToString(),
+                                so, providers=["CPUExecutionProvider"])
+    return lambda x: sess.run(None, {"x": x})
+
+
 def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
-    algos = ("im2col", "shifted", "direct")
-    print(f"{'shape':32s} {'im2col ms':>14s} {'shifted ms':>14s} {'direct ms':>14s} {'numpy ms':>14s}  winner   rule")
+    """Per conv shape: each algorithm, onnxruntime, numpy; GFLOP/s of the rule's pick, and
+    onnxruntime / the rule's pick (> 1: fusiontune is faster)."""
+    import numba
+
+    algos = ("im2col", "shifted", "direct", "packed")
+    threads = numba.config.NUMBA_NUM_THREADS
+    print(f"threads: {threads} (NUMBA_NUM_THREADS; onnxruntime intra-op alike); ms: median ±IQR of {rounds} interleaved rounds")
+    print(f"{'shape':30s}" + "".join(f"{a:>14s}" for a in (*algos, "onnxruntime", "numpy")) + "  winner   rule     GFLOP/s  ort/rule")
     ref = get_op("Conv").reference
+    ratios = []
     for label, c, h, m, k, s, grp in SHAPES:
         if quick and label not in QUICK:
             continue
@@ -106,12 +139,25 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
             got = progs[a].run({"x": x})[graph.outputs[0]]
             assert np.allclose(got, want, rtol=1e-3, atol=1e-4), (label, a)
         fns: dict[str, Callable[[], object]] = {a: (lambda p=progs[a], x=x: p.run({"x": x})) for a in run}
+        ort_fn = ort_conv(c, h, m, k, s, grp, wv, batch, threads)
+        if ort_fn is not None:
+            assert np.allclose(ort_fn(x)[0], want, rtol=1e-3, atol=1e-4), (label, "onnxruntime")
+            fns["onnxruntime"] = lambda f=ort_fn, x=x: f(x)
         fns["numpy"] = lambda a=attrs, x=x, w=wv: ref(a, x, w)
         res = interleaved(fns, rounds)
         winner = min(run, key=lambda a: res[a][0])
-        rule = choose_conv_algo(c // grp, m // grp, k, k, (s, s), grp, (-(-h // s)) ** 2)
-        cell = {a: f"{res[a][0]:8.2f} ±{res[a][1]:4.2f}" if a in res else "-" for a in (*algos, "numpy")}
-        print(f"{label:32s} {cell['im2col']:>14s} {cell['shifted']:>14s} {cell['direct']:>14s} {cell['numpy']:>14s}  {winner:7s}  {rule}")
+        o = -(-h // s)
+        rule = choose_conv_algo(c // grp, m // grp, k, k, (s, s), grp, o * o)
+        rule = rule if rule in res else "im2col"
+        gflops = 2 * batch * m * o * o * (c // grp) * k * k / (res[rule][0] * 1e-3) / 1e9
+        ratio = res["onnxruntime"][0] / res[rule][0] if "onnxruntime" in res else float("nan")
+        ratios.append(ratio)
+        cell = {a: f"{res[a][0]:7.3f} ±{res[a][1]:4.2f}" if a in res else "-" for a in (*algos, "onnxruntime", "numpy")}
+        print(f"{label:30s}" + "".join(f"{cell[a]:>14s}" for a in (*algos, "onnxruntime", "numpy"))
+              + f"  {winner:7s}  {rule:7s} {gflops:7.1f}  {ratio:6.2f}x")
+    if ratios and all(r == r for r in ratios):
+        print(f"onnxruntime / fusiontune (the rule's pick): geometric mean {np.exp(np.mean(np.log(ratios))):.2f}x, "
+              f"min {min(ratios):.2f}x over {len(ratios)} shapes")
 
 
 def bench_fused(rounds: int, quick: bool) -> None:

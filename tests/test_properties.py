@@ -534,7 +534,7 @@ split_points = st.fixed_dictionaries(
         "MatMulRowSplitFusionPass.row_block": st.sampled_from([0, 1, 2, 3, 7, 64]),
         "NormSplitFusionPass.stats": st.sampled_from([0, 1]),
         "ConvOutputSplitFusionPass.rows": st.sampled_from([0, 1]),
-        "ConvOutputSplitFusionPass.algo": st.sampled_from([0, 1, 2]),
+        "ConvOutputSplitFusionPass.algo": st.sampled_from([0, 1, 2, 3, 4]),
     }
 )
 

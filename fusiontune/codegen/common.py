@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import importlib.util
 import re
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,29 @@ class ArgSpec:
 
 
 @dataclass(frozen=True)
+class Derived:
+    """A kernel argument computed once, when the program is built, from a constant of the graph
+    (packed conv weights): the runtime calls ``fn(constant, *params)`` and keeps the result for
+    the program's life.
+
+    Attributes:
+        value: the argument's name (``<constant>#<what>``; the kernel's ArgSpec carries it).
+        source: the constant it is computed from.
+        fn: ``"module:function"``, a pure function of the constant's array and ``params``.
+        params: the function's other arguments (plain ints and strings).
+    """
+
+    value: str
+    source: str
+    fn: str
+    params: tuple[int | str, ...] = ()
+
+    def compute(self, array: np.ndarray) -> np.ndarray:
+        module, func = self.fn.split(":")
+        return np.ascontiguousarray(getattr(importlib.import_module(module), func)(array, *self.params))
+
+
+@dataclass(frozen=True)
 class KernelSource:
     """Generated numba source for one fused group, and what the runtime must pass it.
 
@@ -46,6 +70,7 @@ class KernelSource:
         kind: loop | contraction | layout.
         bytes_moved: the least bytes the kernel must read and write (the roofline numerator).
         flops: floating point operations, approximately (scalar ops x domain points).
+        derived: arguments the runtime computes once from constants (:class:`Derived`).
     """
 
     name: str
@@ -54,6 +79,7 @@ class KernelSource:
     kind: str
     bytes_moved: int
     flops: int
+    derived: tuple[Derived, ...] = ()
 
     @property
     def key(self) -> str:
@@ -67,6 +93,8 @@ class KernelSource:
         h = hashlib.sha256(self.source.encode())
         for a in self.args:
             h.update(f"{a.shape}{a.dtype}{a.role}".encode())
+        for d in self.derived:
+            h.update(repr(d).encode())
         h.update(f"numba {numba.__version__}".encode())
         for name in helper_modules(self.source):
             h.update(f"{name} {_module_digest(name)}".encode())

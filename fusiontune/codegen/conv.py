@@ -62,6 +62,15 @@ positions per image run shifted; everything else runs im2col. The K threshold si
 measured depthwise (K = 9) and grouped (K = 72) cases; the positions threshold between the
 measured 49 and 196.
 
+Index arithmetic: an epilogue whose ops all vectorize (no libm call: ``math="approx"``, or no
+transcendental at all) casts its position indices to unsigned. numba wraps a negative signed
+index around (``i < 0 ? i + n : i``); where LLVM cannot prove an index that varies in the inner
+loop non-negative (it is computed from the task's block), that select makes the address
+non-affine and the loop vectorizer gives up: a SiLU epilogue of 98k elements under
+``math="approx"`` took 451 us instead of 76. Positions are never negative, so the cast changes
+nothing else. With a libm call left (``np.exp`` under the default math) the cast is not made:
+LLVM then vectorizes the loop around 16 scalar calls, measured 1.5x slower than the scalar loop.
+
 The epilogue: every other node of the group is an elementwise op of ``rules.SCALAR_RULES``
 (bias, Relu, Clip, LeakyRelu, HardSwish, a residual Add of a same-shape tensor, an unfolded
 BatchNorm...) over values that broadcast to the conv output as (N or 1, M or 1, all spatial or
@@ -70,17 +79,21 @@ none). ``math="approx"`` writes its transcendentals as codegen/numerics.py's app
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numba
 import numpy as np
 
+from fusiontune.codegen import microkernel
 from fusiontune.codegen._window import Window, col_range, window_of
 from fusiontune.codegen.blas import gemm_name
 from fusiontune.codegen.common import (
     PARALLEL_MIN_ELEMENTS,
     ArgSpec,
+    Derived,
     KernelSource,
     Lowered,
     NotFusable,
@@ -92,7 +105,7 @@ from fusiontune.codegen.rules import SCALAR_RULES, literal, scalar_expr
 from fusiontune.ir.graph import Node, Shape
 from fusiontune.ir.ops import get_op
 
-CONV_ALGOS = ("im2col", "direct", "shifted")
+CONV_ALGOS = ("im2col", "direct", "shifted", "packed")
 """Values of a group's ``schedule["conv_algo"]`` (absent: :func:`choose_conv_algo` decides)."""
 
 COL_BYTES = 512 * 1024
@@ -116,12 +129,21 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, stride: tuple[int, int]
                      positions: int = SHIFT_MIN_POSITIONS) -> str:
     """The algorithm the measurements favour for a conv with ``cg`` input and ``mg`` output
     channels per group, a ``kh x kw`` kernel, ``stride``, ``group`` groups and ``positions``
-    output positions per image (see the module docstring)."""
-    if (group > 1 and cg * kh * kw < DIRECT_MAX_K) or mg < DIRECT_MAX_MG:
+    output positions per image (see the module docstring): ``packed`` everywhere but a strided
+    depthwise-like conv (a short reduction per group), which runs ``direct``."""
+    if group > 1 and cg * kh * kw < DIRECT_MAX_K and tuple(stride) != (1, 1):
         return "direct"
-    if tuple(stride) == (1, 1) and positions >= SHIFT_MIN_POSITIONS:
-        return "shifted"
-    return "im2col"
+    return "packed"
+
+
+_LIBM_CALL = re.compile(r"\b(?:np|math)\.(?!sqrt\b|floor\b|ceil\b|float32\b|float64\b|uint64\b|int64\b|abs\b|fabs\b|inf\b|nan\b)\w+\(")
+"""A call in an epilogue statement that LLVM cannot vectorize (a libm function: exp, tanh, erf...)."""
+
+
+def _ix(expr: str) -> str:
+    """A position index: ``IX(expr)``, made ``numba.uint64(expr)`` or ``(expr)`` once the kernel
+    knows whether its epilogue vectorizes (module docstring, "Index arithmetic")."""
+    return f"IX({expr})"
 
 
 def _epilogue_view(shape: Shape, out: Shape) -> tuple[int, int, int] | None:
@@ -259,6 +281,7 @@ def generate_conv_kernel(
         body.append(f"{at(o)} = {var[o]}")
 
     parallel = win.n * M * P * K >= PARALLEL_MIN_ELEMENTS * 8
+    derived: tuple[Derived, ...] = ()
     lines = [decorator(args, parallel=parallel, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
     ax, aw = an[x], an[w]
     if algo == "im2col":
@@ -270,14 +293,30 @@ def generate_conv_kernel(
         rows = int(schedule.get("conv_rows", 0)) or _shifted_rows(win, wp, group)
         lines += _shifted_body(win, group, CG, MG, min(rows, win.oh), wp, dtype, ax, aw, body, parallel)
         imports = ["from fusiontune.codegen.blas import gemm_at32, gemm_at64"]
+    elif algo == "packed":
+        plan = plan_packed(win, MG, dtype, schedule.get("conv_orient"))
+        uk = plan.uk
+        geo = packed_geometry(win, max(uk.mr, uk.nr))
+        rows = int(schedule.get("conv_rows", 0)) or _shifted_rows(win, geo.wp, group)
+        if w in low.arrays and w not in operand_reads:  # a constant: packed once when the program is built
+            packed = Derived(f"{w}#packed{plan.block}", w, "fusiontune.codegen.conv:pack_weights", (group, plan.block))
+            derived = (packed,)
+            shape = (group, -(-MG // plan.block), win.kh * win.kw, CG, plan.block)
+            args = [ArgSpec(packed.value, shape, dtype, "in") if a.value == w else a for a in args]
+            lines[0] = decorator(args, parallel=parallel, reassoc=False)
+        lines += _packed_body(win, geo, group, CG, MG, min(rows, win.oh), plan, ax, aw, body, parallel, bool(derived))
+        # imported by its full name, so that the kernel cache key covers microkernel.py
+        imports = ["from fusiontune.codegen.microkernel import Shape, register",
+                   f"uk = register(Shape({dtype!r}, {uk.mr}, {uk.nv}))"]
     else:
         lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
         imports = []
     code = "\n".join(lines) + "\n"
+    code = code.replace("IX(", "(" if any(_LIBM_CALL.search(b) for b in body) else "numba.uint64(")
     source = kernel_header(code, imports) + code
     nbytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in args)
     flops = 2 * win.n * M * P * K + win.n * M * P * (len(epi) + (bias is not None))
-    return KernelSource(name, source, tuple(args), "conv", nbytes, flops)
+    return KernelSource(name, source, tuple(args), "conv", nbytes, flops, derived)
 
 
 def _im2col_rows(win: Window, k: int, group: int, itemsize: int) -> int:
@@ -333,7 +372,7 @@ def _im2col_body(win: Window, group: int, cg: int, mg: int, k: int, rows: int, d
         f"        for mm in range({mg}):",
         f"            m = g * {mg} + mm",
         "            for q in range(pl):",
-        "                p = p0 + q",
+        f"                p = {_ix('p0 + q')}",
         "                acc = blk[mm, q]",
         *_epilogue_lines(body, "                "),
     ]
@@ -423,8 +462,8 @@ def _shifted_body(win: Window, group: int, cg: int, mg: int, rows: int, wp: int,
         "            for oh in range(r0, r1):",
         f"                q = (oh - r0) * {wp}",
         f"                for ow in range({win.ow}):",
-        f"                    p = oh * {win.ow} + ow",
-        "                    acc = blk[mm, q + ow]",
+        f"                    p = {_ix(f'oh * {win.ow} + ow')}",
+        f"                    acc = blk[mm, {_ix('q + ow')}]",
         *_epilogue_lines(body, "                    "),
     ]
     return out
@@ -460,7 +499,227 @@ def _direct_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str,
         "        for j in range(nm):",
         f"            m = g * {mg} + m0 + j",
         f"            for ow in range({win.ow}):",
-        f"                p = oh * {win.ow} + ow",
+        f"                p = {_ix(f'oh * {win.ow} + ow')}",
         "                acc = acc_row[j, ow]",
         *_epilogue_lines(body, "                "),
     ]
+
+
+@dataclass(frozen=True)
+class PackedGeometry:
+    """Where the packed algorithm's taps read (see :func:`_packed_body`).
+
+    The zero-padded input is split into ``sh x sw`` phase planes (one for a unit-stride conv):
+    plane (a, b) holds padded rows ``a + sh * i`` and columns ``b + sw * u``, ``u < wp``. On a
+    plane's grid, output position ``oh * wp + ow`` reads, for tap (kh, kw), plane
+    ``((kh * dh) % sh, (kw * dw) % sw)`` at grid row ``oh + (kh * dh) // sh`` and column
+    ``ow + (kw * dw) // sw``: every tap is one contiguous shifted view, whatever the stride.
+    """
+
+    phases: tuple[tuple[int, int], ...]  # the planes the taps read, (a, b)
+    tap_plane: tuple[int, ...]  # per tap (kh-major): index into phases
+    tap_row: tuple[int, ...]  # per tap: grid rows below the output row
+    tap_col: tuple[int, ...]  # per tap: grid columns right of the output column
+    wp: int  # grid width
+    halo: int  # grid rows a block reads past its own
+    slack: int  # elements a block reads past its last grid row
+
+
+def packed_geometry(win: Window, reach: int) -> PackedGeometry:
+    """The phase planes and tap offsets of ``win``; ``reach``: how many grid positions past a
+    row's last output one micro-kernel call may read (its block width)."""
+    taps = [(kh * win.dh, kw * win.dw) for kh in range(win.kh) for kw in range(win.kw)]
+    phases = tuple(sorted({(dy % win.sh, dx % win.sw) for dy, dx in taps}))
+    wp = win.ow + max(dx // win.sw for _, dx in taps)
+    return PackedGeometry(
+        phases,
+        tuple(phases.index((dy % win.sh, dx % win.sw)) for dy, dx in taps),
+        tuple(dy // win.sh for dy, _ in taps),
+        tuple(dx // win.sw for _, dx in taps),
+        wp,
+        max(dy // win.sh for dy, _ in taps),
+        max(dx // win.sw for _, dx in taps) + reach,
+    )
+
+
+@dataclass(frozen=True)
+class PackedPlan:
+    """How the packed algorithm lays a conv on the micro-kernel.
+
+    ``orient="lanes"``: vector lanes run over output channels (the weights packed in blocks of
+    ``nr`` channels), rows over ``mr`` output positions of one output row, broadcast from the
+    input grid; nothing is computed outside the output but the channel padding to ``nr`` and the
+    last partial block of a row. ``orient="rows"``: lanes run over grid positions (the input
+    grid read as vectors), rows over ``mr`` output channels (broadcast from the packed weights);
+    the ``wp - ow`` columns of each grid row are computed and dropped. Depthwise convs (one output
+    channel per group) can only take ``rows``.
+    """
+
+    orient: str  # "lanes" | "rows"
+    uk: microkernel.Shape
+
+    @property
+    def block(self) -> int:
+        """Output channels per packed weight block."""
+        return self.uk.nr if self.orient == "lanes" else self.uk.mr
+
+
+def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None) -> PackedPlan:
+    """The orientation (``orient``, or either) and register block with the least predicted time:
+    padded work (channels rounded up to the channel block, positions to the position block) over
+    the block's measured efficiency (:func:`microkernel.efficiency`)."""
+    wp = win.ow + (win.kw - 1) * win.dw // win.sw
+    best: tuple[float, PackedPlan] | None = None
+    for mr, nv in microkernel.blocks():
+        uk = microkernel.Shape(dtype, mr, nv)
+        eff = microkernel.efficiency(mr, nv)
+        lanes = (-(-mg // uk.nr) * uk.nr / mg) * (-(-win.ow // mr) * mr / win.ow) / eff
+        grid = win.oh * wp
+        rows = (-(-mg // mr) * mr / mg) * (-(-grid // uk.nr) * uk.nr / (win.oh * win.ow)) / eff
+        for cost, o in ((lanes, "lanes"), (rows, "rows")):
+            if orient in (None, o) and (best is None or cost < best[0] - 1e-9):
+                best = (cost, PackedPlan(o, uk))
+    assert best is not None
+    return best[1]
+
+
+def pack_weights(w: np.ndarray, group: int, block: int) -> np.ndarray:
+    """Conv weights (M, C/group, kernel...) packed for the micro-kernel: (group, M/group in blocks
+    of ``block`` channels, tap, input channel, channel in block); channels past M/group zero."""
+    m, cg = w.shape[:2]
+    taps = int(np.prod(w.shape[2:]))
+    mg = m // group
+    nmb = -(-mg // block)
+    wg = np.zeros((group, nmb * block, cg, taps), dtype=w.dtype)
+    wg[:, :mg] = w.reshape(group, mg, cg, taps)
+    return np.ascontiguousarray(wg.reshape(group, nmb, block, cg, taps).transpose(0, 1, 4, 3, 2))
+
+
+def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int, rows: int,
+                 plan: PackedPlan, ax: str, aw: str, body: Sequence[str], parallel: bool,
+                 prepacked: bool) -> list[str]:
+    """Any conv as register-blocked micro-kernel calls over shifted views of phase planes.
+
+    A task (image, group, block of output rows) copies its rows of the zero-padded input once
+    into phase planes (:class:`PackedGeometry`), ``xp[plane, channel, grid]``. Each micro-kernel
+    call then computes one output block with a reduction over every tap and input channel, the
+    accumulators in registers throughout: tap ``t`` reads ``xp[plane(t), :, j + row(t) * wp +
+    col(t)]`` (channel stride ``cs``) against the packed weights of tap ``t``. The block is
+    ``mr`` channels by ``nr`` grid positions (``plan.orient == "rows"``) or ``mr`` positions of
+    one output row by ``nr`` channels (``"lanes"``), into a scratch block that the epilogue then
+    reads while it is in cache. The weights are packed (:func:`pack_weights`): once at build time
+    when they are a constant (``prepacked``), else on entry.
+    """
+    uk = plan.uk
+    dtype, mr, nr = uk.dtype, uk.mr, uk.nr
+    isz = np.dtype(dtype).itemsize
+    taps = win.kh * win.kw
+    blk_m = plan.block
+    nmb = -(-mg // blk_m)
+    nblk = -(-win.oh // rows)
+    nph = len(geo.phases)
+    wp = geo.wp
+    cs = (rows + geo.halo) * wp + geo.slack
+    prange = "numba.prange" if parallel else "range"
+    shifts = [geo.tap_plane[t] * cg * cs + geo.tap_row[t] * wp + geo.tap_col[t] for t in range(taps)]
+    out = [f"    wpk = {aw}"] if prepacked else [
+        f"    wpk = np.zeros(({group}, {nmb}, {taps}, {cg}, {blk_m}), dtype=np.{dtype})",
+        f"    for gm in {prange}({group * mg}):",
+        f"        g = gm // {mg}",
+        f"        mm = gm % {mg}",
+        f"        for c in range({cg}):",
+        f"            for i in range({win.kh}):",
+        f"                for j in range({win.kw}):",
+        f"                    wpk[g, mm // {blk_m}, i * {win.kw} + j, c, mm % {blk_m}] = {aw}[gm, c, i, j]",
+    ]
+    wstep = cg * blk_m  # elements of one tap in a packed weight block
+    out += [
+        f"    sx = np.empty({taps}, dtype=np.int64)",
+        f"    sw = np.empty({taps}, dtype=np.int64)",
+    ]
+    out += [f"    sx[{t}] = {v}" for t, v in enumerate(shifts)]
+    out += [f"    sw[{t}] = {t * wstep}" for t in range(taps)]
+    out += [
+        f"    for t in {prange}({win.n * group * nblk}):",
+        f"        n = t // {group * nblk}",
+        f"        g = (t // {nblk}) % {group}",
+        f"        r0 = (t % {nblk}) * {rows}",
+        f"        r1 = min(r0 + {rows}, {win.oh})",
+        f"        nrow = r1 - r0 + {geo.halo}",
+        f"        xp = np.empty(({nph}, {cg}, {cs}), dtype=np.{dtype})",
+    ]
+    # Every element of xp is written once: the input where the grid is inside it, zero elsewhere
+    # (padding, rows past the block, and the slack the last calls read past the grid).
+    grid_end = (rows + geo.halo) * wp
+    for pi, (a, b) in enumerate(geo.phases):
+        u0 = min(wp, -(-(win.pw - b) // win.sw)) if win.pw > b else 0  # first grid column inside the input
+        u1 = min(wp, (win.w - 1 + win.pw - b) // win.sw + 1) if win.w - 1 + win.pw - b >= 0 else 0
+        u1 = max(u0, u1)
+        out += [
+            f"        for c in range({cg}):",
+            f"            ci = g * {cg} + c",
+            f"            for i in range({rows + geo.halo}):",
+            f"                ih = (r0 + i) * {win.sh} + {a - win.ph}",
+            f"                q = i * {wp}",
+            f"                if i < nrow and ih >= 0 and ih < {win.h}:",
+            f"                    for u in range({u0}):",
+            f"                        xp[{pi}, c, q + u] = 0.0",
+            f"                    for u in range({u0}, {u1}):",
+            f"                        xp[{pi}, c, q + u] = {ax}[n, ci, ih, u * {win.sw} + {b - win.pw}]",
+            f"                    for u in range({u1}, {wp}):",
+            f"                        xp[{pi}, c, q + u] = 0.0",
+            "                else:",
+            f"                    for u in range({wp}):",
+            f"                        xp[{pi}, c, q + u] = 0.0",
+            f"            for u in range({grid_end}, {cs}):",
+            f"                xp[{pi}, c, u] = 0.0",
+        ]
+    if plan.orient == "rows":
+        plr = -(-(rows * wp) // nr) * nr
+        chunk = max(1, (256 * 1024) // (taps * wstep * isz))  # weight blocks that stay in half of L2
+        out += [
+            f"        pl = (r1 - r0) * {wp}",
+            f"        blk = np.empty(({nmb * mr}, {plr}), dtype=np.{dtype})",
+            f"        for mc in range(0, {nmb}, {chunk}):",
+            f"            for j0 in range(0, pl, {nr}):",
+            f"                for mb in range(mc, min(mc + {chunk}, {nmb})):",
+            f"                    uk({cg}, wpk[g, mb].ctypes.data, {mr}, sw.ctypes.data, xp.ctypes.data + j0 * {isz}, {cs},"
+            f" sx.ctypes.data, blk.ctypes.data + (mb * {mr * plr} + j0) * {isz}, {plr}, {taps}, 0)",
+            f"        for mm in range({mg}):",
+            f"            m = g * {mg} + mm",
+            "            for oh in range(r0, r1):",
+            f"                q = (oh - r0) * {wp}",
+            f"                for ow in range({win.ow}):",
+            f"                    p = {_ix(f'oh * {win.ow} + ow')}",
+            f"                    acc = blk[mm, {_ix('q + ow')}]",
+            *_epilogue_lines(body, "                    "),
+        ]
+    else:
+        ldc = nmb * nr
+        out += [
+            # positions (row-major over the block's output rows, width ow) by channels; the last
+            # call of a row may spill up to mr - 1 positions into the next row, rewritten after.
+            # Weight block outer: each is read from memory once per task and reused from L2 for
+            # every position of the block.
+            f"        blk = np.empty(({rows * win.ow + mr}, {ldc}), dtype=np.{dtype})",
+            f"        for mb in range({nmb}):",
+            "            for oh in range(r0, r1):",
+            f"                for c0 in range(0, {win.ow}, {mr}):",
+            f"                    q = (oh - r0) * {win.ow} + c0",
+            f"                    uk({cg}, xp.ctypes.data + ((oh - r0) * {wp} + c0) * {isz}, {cs}, sx.ctypes.data,"
+            f" wpk[g, mb].ctypes.data, {nr}, sw.ctypes.data, blk.ctypes.data + (q * {ldc} + mb * {nr}) * {isz},"
+            f" {ldc}, {taps}, 0)",
+            # the epilogue transposes in tiles of 16 positions: 16 rows of blk stay in L1 while
+            # each channel's 16 outputs are written as one contiguous run
+            f"        p0 = r0 * {win.ow}",
+            f"        nq = (r1 - r0) * {win.ow}",
+            "        for q0 in range(0, nq, 16):",
+            "            q1 = min(q0 + 16, nq)",
+            f"            for mm in range({mg}):",
+            f"                m = g * {mg} + mm",
+            "                for q in range(q0, q1):",
+            f"                    p = {_ix('p0 + q')}",
+            f"                    acc = blk[{_ix('q')}, mm]",
+            *_epilogue_lines(body, "                    "),
+        ]
+    return out

@@ -253,6 +253,8 @@ def plan_buffers(fused: FusedGraph, sources: Sequence[KernelSource] | None = Non
                 free.append(slot_of[v])
     in_place = plan_in_place(fused, sources, views)
     io = sum(_round(g.values[v].nbytes) for v in pinned if v in g.values and v not in in_place)
+    derived = {a.value: a for src in sources for d in src.derived for a in src.args if a.value == d.value}
+    io += sum(_round(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize) for a in derived.values())
     naive += sum(_round(g.values[v].nbytes) for v in pinned if v in g.values)
     naive += sum(_round(g.values[v].nbytes) for v in views)
     return BufferPlan(slot_of, tuple(slot_bytes), io, naive, in_place, views)
@@ -282,6 +284,10 @@ class Program:
             self._arrays[name] = np.empty(v.shape, dtype=v.dtype)
         for name, arr in self.graph.constants.items():
             self._arrays[name] = np.asarray(arr, order="C")  # ascontiguousarray makes a 0-d constant 1-d
+        for _, src in sources:
+            for d in src.derived:
+                if d.value not in self._arrays:
+                    self._arrays[d.value] = d.compute(self._arrays[d.source])
         for out, name in self.plan.in_place.items():
             self._arrays[out] = self._arrays[name]
         for name in self.graph.outputs:

@@ -62,7 +62,7 @@ GRID = {
 }
 
 
-@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted"])
+@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed"])
 @pytest.mark.parametrize("case", list(GRID))
 def test_conv_algorithm_matches_reference(case: str, algo: str) -> None:
     xs, ws, attrs, bias = GRID[case]
@@ -98,7 +98,7 @@ def _epilogue_block(g: GraphBuilder) -> tuple[Tensor, ...]:
     return r, g.op("Clip", r, min=0.0, max=1.5), g.op("HardSwish", y)
 
 
-@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted"])
+@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed"])
 def test_conv_epilogue_bn_residual_relu_clip_hardswish(algo: str) -> None:
     graph = _graph(_epilogue_block)
     src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": algo})
@@ -137,15 +137,44 @@ def test_conv_kernel_refuses_3d_prologue_and_partial_broadcast() -> None:
         kernel_source(part, [n.name for n in part.nodes])
 
 
-def test_conv_algo_rule_direct_for_depthwise_shifted_for_dense_stride1_else_im2col() -> None:
-    assert choose_conv_algo(1, 1, 3, 3, group=32) == "direct"  # depthwise
-    assert choose_conv_algo(64, 64, 3, 3) == "shifted"
-    assert choose_conv_algo(512, 512, 3, 3, positions=49) == "im2col"  # too few positions
-    assert choose_conv_algo(3, 32, 3, 3) == "shifted"  # a dense stem: 27-long reduction, one group
-    assert choose_conv_algo(256, 64, 1, 1) == "shifted"
-    assert choose_conv_algo(64, 64, 3, 3, (2, 2)) == "im2col"
-    assert choose_conv_algo(3, 64, 7, 7, (2, 2)) == "im2col"  # strided stem
-    assert choose_conv_algo(8, 8, 3, 3, group=32) == "shifted"  # grouped, 72-long reduction
+def test_conv_algo_rule_packed_but_direct_for_strided_depthwise() -> None:
+    assert choose_conv_algo(1, 1, 3, 3, group=32) == "packed"  # depthwise, unit stride
+    assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32) == "direct"  # depthwise, strided
+    assert choose_conv_algo(64, 64, 3, 3) == "packed"
+    assert choose_conv_algo(512, 512, 3, 3, positions=49) == "packed"
+    assert choose_conv_algo(3, 64, 7, 7, (2, 2)) == "packed"  # strided stem
+    assert choose_conv_algo(8, 8, 3, 3, (2, 2), group=32) == "packed"  # grouped, 72-long reduction
+
+
+@pytest.mark.parametrize("orient", ["rows", "lanes"])
+@pytest.mark.parametrize("case", ["3x3_pad1", "3x3_s2_asym", "group3_dilated", "5x5_wide_stride", "1d"])
+def test_packed_conv_both_orientations_match_reference(case: str, orient: str) -> None:
+    """Each layout of the micro-kernel (lanes over grid positions or over output channels)."""
+    xs, ws, attrs, bias = GRID[case]
+
+    def build(g: GraphBuilder) -> Tensor:
+        ins = [g.input("x", xs), _const(g, ws, 1)] + ([_const(g, (ws[0],), 2)] if bias else [])
+        return g.relu(g.op("Conv", *ins, **attrs))
+
+    _check(_graph(build), {"conv_algo": "packed", "conv_orient": orient, "conv_rows": 2})
+
+
+def test_packed_conv_packs_constant_weights_once_and_input_weights_per_call() -> None:
+    """Constant weights become a derived argument computed when the program is built; weights
+    that are an input of the graph (a training step) are packed inside the kernel on each call."""
+    const = _graph(lambda g: g.op("Conv", g.input("x", (1, 5, 9, 9)), _const(g, (20, 5, 3, 3), 1), pads=(1, 1, 1, 1)))
+    src = kernel_source(const, [n.name for n in const.nodes], {"conv_algo": "packed"})
+    assert len(src.derived) == 1 and src.derived[0].fn.endswith(":pack_weights")
+    assert any(a.value == src.derived[0].value for a in src.args)
+    _check(const, {"conv_algo": "packed"})
+
+    def build(g: GraphBuilder) -> Tensor:
+        return g.op("Conv", g.input("x", (1, 5, 9, 9)), g.input("w", (20, 5, 3, 3)), pads=(1, 1, 1, 1))
+
+    graph = _graph(build)
+    src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "packed"})
+    assert src.derived == ()
+    _check(graph, {"conv_algo": "packed"})
 
 
 def test_unknown_conv_algo_is_an_error() -> None:

@@ -213,7 +213,7 @@ def test_resnet_block_end_to_end_with_defaults_matches_float64_interpreter() -> 
     assert np.abs(got - want).max() <= 10 * floor + 1e-6
 
 
-@pytest.mark.parametrize("rows,algo", [(1, 0), (0, 2)])
+@pytest.mark.parametrize("rows,algo", [(1, 0), (0, 2), (0, 4)])
 def test_conv_output_split_sets_the_schedule_and_stays_exact(rows: int, algo: int) -> None:
     graph = _resnet_block()
     split = {"ConvOutputSplitFusionPass.rows": rows, "ConvOutputSplitFusionPass.algo": algo}
@@ -221,7 +221,7 @@ def test_conv_output_split_sets_the_schedule_and_stays_exact(rows: int, algo: in
     assert result.report.effected("ConvOutputSplitFusionPass") == 4
     for grp in result.fused.groups:
         assert grp.schedule.get("conv_rows", 0) == rows
-        assert grp.schedule.get("conv_algo") == {0: None, 2: "direct"}[algo]
+        assert grp.schedule.get("conv_algo") == {0: None, 2: "direct", 4: "packed"}[algo]
     inputs = _inputs(graph)
     got = build_program(result.fused).run(inputs)[graph.outputs[0]]
     want = run_graph(graph, inputs, dtype="float64")[graph.outputs[0]]

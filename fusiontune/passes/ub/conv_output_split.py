@@ -8,7 +8,7 @@ from fusiontune.passes.base import PassContext
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import patterns
 
-ALGOS = {1: "im2col", 2: "direct"}
+ALGOS = {1: "im2col", 2: "direct", 3: "shifted", 4: "packed"}
 
 
 @patterns("ConvOutputSplit")
@@ -19,10 +19,10 @@ def conv_output_split_fusion(fused: FusedGraph, ctx: PassContext) -> FusedGraph:
     computed by one GEMM over its patches and each fused with the epilogue while the block is in
     cache. Identity: every output element is the same dot product over the same patch, whatever
     block holds it, exactly. ``rows = 0`` leaves the kernel's own sizing (patch matrix within L2).
-    ``algo``: 0 the codegen rule (codegen/conv.py ``choose_conv_algo``, which may pick the shifted
-    GEMMs), 1 im2col + GEMM, 2 the direct loop kernel; they sum the same products in a different
-    order (rounding only). Preconditions: none beyond a Conv in the kernel; ``rows`` only changes
-    im2col and shifted kernels.
+    ``algo``: 0 the codegen rule (codegen/conv.py ``choose_conv_algo``), 1 im2col + GEMM, 2 the
+    direct loop kernel, 3 shifted-view GEMMs, 4 packed weights + the register-blocked
+    micro-kernel; they sum the same products in a different order (rounding only). Preconditions: none beyond a Conv in the kernel; ``rows`` only changes
+    im2col, shifted and packed kernels.
     """
     rows, algo = ctx.split("rows"), ctx.split("algo")
     if rows <= 0 and algo <= 0:

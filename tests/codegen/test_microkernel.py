@@ -1,0 +1,80 @@
+"""The LLVM IR micro-kernel (codegen/microkernel.py) against numpy, and how conv plans use it."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from fusiontune.codegen import microkernel
+from fusiontune.codegen._window import Window
+from fusiontune.codegen.conv import pack_weights, plan_packed
+
+
+def _call(shape: microkernel.Shape):  # type: ignore[no-untyped-def]
+    uk = microkernel.register(shape)
+
+    @numba.njit
+    def call(k, a, lda, sa, b, ldb, sb, c, ldc, ntaps, accumulate):  # type: ignore[no-untyped-def]
+        uk(k, a.ctypes.data, lda, sa.ctypes.data, b.ctypes.data, ldb, sb.ctypes.data, c.ctypes.data, ldc, ntaps,
+           accumulate)
+
+    return call
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("block", [(8, 3), (7, 2), (1, 8)])
+def test_microkernel_matches_numpy(dtype: str, block: tuple[int, int]) -> None:
+    """Strided, shifted operands over several taps, overwrite then accumulate."""
+    shape = microkernel.Shape(dtype, *block)
+    mr, nr = shape.mr, shape.nr
+    rng = np.random.default_rng(0)
+    k, ntaps, lda, ldb, ldc = 13, 3, mr + 5, nr + 7, nr + 3
+    a = rng.standard_normal(4096).astype(dtype)
+    b = rng.standard_normal(4096).astype(dtype)
+    sa = np.array([0, 17, 1000], dtype=np.int64)
+    sb = np.array([5, 0, 2000], dtype=np.int64)
+    c = np.full((mr, ldc), np.nan, dtype=dtype)
+    want = np.zeros((mr, nr))
+    for t in range(ntaps):
+        for kk in range(k):
+            want += np.outer(a[sa[t] + kk * lda: sa[t] + kk * lda + mr], b[sb[t] + kk * ldb: sb[t] + kk * ldb + nr])
+    call = _call(shape)
+    call(k, a, lda, sa, b, ldb, sb, c, ldc, ntaps, 0)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(c[:, :nr], want, rtol=tol, atol=tol * 10)
+    assert np.isnan(c[:, nr:]).all()  # nothing past the block is written
+    call(k, a, lda, sa, b, ldb, sb, c, ldc, ntaps, 1)
+    np.testing.assert_allclose(c[:, :nr], 2 * want, rtol=tol, atol=tol * 20)
+
+
+def test_blocks_fit_the_registers_and_shape_symbols_differ() -> None:
+    regs = 32 if microkernel.VECTOR_BITS >= 512 else 16
+    blocks = microkernel.blocks()
+    assert blocks and all(mr * nv + nv + 1 <= regs for mr, nv in blocks)
+    symbols = {microkernel.Shape("float32", mr, nv).symbol for mr, nv in blocks}
+    assert len(symbols) == len(blocks)
+
+
+def _window(c: int, h: int, k: int, stride: int) -> Window:
+    p = k // 2
+    o = (h + 2 * p - k) // stride + 1
+    return Window(1, c, h, h, o, o, k, k, stride, stride, p, p, p, p, 1, 1)
+
+
+def test_plan_packed_depthwise_takes_rows_and_few_positions_take_lanes() -> None:
+    """One output channel per group cannot fill channel lanes; a 7x7 output of 512 channels
+    wastes half of a grid-position block but none of a channel block."""
+    assert plan_packed(_window(1, 28, 3, 1), 1, "float32").orient == "rows"
+    assert plan_packed(_window(512, 7, 3, 1), 512, "float32").orient == "lanes"
+    assert plan_packed(_window(512, 7, 3, 1), 512, "float32", "rows").orient == "rows"
+
+
+def test_pack_weights_layout() -> None:
+    """(group, channel block, tap, input channel, channel in block), zero past the group's channels."""
+    w = np.arange(2 * 5 * 3 * 2 * 2, dtype=np.float32).reshape(10, 3, 2, 2)  # 2 groups of 5 channels
+    p = pack_weights(w, 2, 4)
+    assert p.shape == (2, 2, 4, 3, 4)
+    g, m, c, i, j = 1, 2, 1, 1, 0
+    assert p[g, m // 4, i * 2 + j, c, m % 4] == w[g * 5 + m, c, i, j]
+    assert (p[:, 1, :, :, 1:] == 0).all()  # channels 5..7 of each group's second block
