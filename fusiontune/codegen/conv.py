@@ -125,6 +125,14 @@ DIRECT_MB = 4
 """Output channels a direct task accumulates together (each input row it loads serves all of them)."""
 DIRECT_MAX_K = 32
 """A conv whose reduction length C/group * kh * kw is below this runs direct (depthwise 3x3: 9)."""
+DIRECT_MAX_POSITIONS = 64
+"""A depthwise-like conv with fewer output positions per image runs direct: the packed kernel's
+per-task setup (a padded copy of one channel, a scratch block) outweighs 16 or 4 outputs
+(dw 3x3 @4x4, 144 channels: direct 12 us, packed 16; @2x2, 288: 6 vs 29)."""
+DIRECT_STRIDED_POSITIONS = 1024
+"""A strided depthwise-like conv with at least this many output positions runs direct (dw 3x3 s2
+96 @112: direct 0.80 ms, packed 0.92); below it packed gathers the phase planes faster (48 @32:
+37 us vs 52)."""
 DIRECT_MAX_MG = 4
 """A conv with fewer output channels per group than this runs direct (the GEMM would be too thin)."""
 
@@ -133,10 +141,15 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, stride: tuple[int, int]
                      positions: int = SHIFT_MIN_POSITIONS) -> str:
     """The algorithm the measurements favour for a conv with ``cg`` input and ``mg`` output
     channels per group, a ``kh x kw`` kernel, ``stride``, ``group`` groups and ``positions``
-    output positions per image (see the module docstring): ``packed`` everywhere but a strided
-    depthwise-like conv (a short reduction per group), which runs ``direct``."""
-    if group > 1 and cg * kh * kw < DIRECT_MAX_K and tuple(stride) != (1, 1):
-        return "direct"
+    output positions per image (see the module docstring): ``packed``, except for a
+    depthwise-like conv (several groups, a reduction shorter than :data:`DIRECT_MAX_K`) with
+    fewer than :data:`DIRECT_MAX_POSITIONS` output positions, or strided with at least
+    :data:`DIRECT_STRIDED_POSITIONS`, which runs ``direct``."""
+    if group > 1 and cg * kh * kw < DIRECT_MAX_K:
+        if positions < DIRECT_MAX_POSITIONS:
+            return "direct"
+        if tuple(stride) != (1, 1) and positions >= DIRECT_STRIDED_POSITIONS:
+            return "direct"
     return "packed"
 
 

@@ -62,6 +62,11 @@ def generate_pool_kernel(node: Node, values: dict[str, Value], name: str) -> Ker
     lines = [
         decorator(args, parallel=parallel, reassoc=False),
         f"def {name}(a0, a1):",
+        # Row widths read from the arrays at run time: LLVM fully unrolls a loop of a small
+        # constant trip count before its loop vectorizer runs (numba leaves SLP off), so a
+        # 31-wide row ran scalar.
+        "    w_n = a0.shape[3]",
+        "    ow_n = a1.shape[3]",
     ]
     if not is_max:
         if attrs.get("count_include_pad", 0):
@@ -105,9 +110,9 @@ def _max_lines(win: Window, dt: str, prange: str) -> list[str]:
         f"                ih = oh * {win.sh} - {win.ph} + kh * {win.dh}",
         f"                if ih < 0 or ih >= {win.h}:",
         "                    continue",
-        f"                for u in range({win.w}):",
+        "                for u in range(w_n):",
         f"                    vm[u + {win.pw}] = fmaximum(vm[u + {win.pw}], a0[n, c, ih, u])",
-        f"            for ow in range({win.ow}):",
+        "            for ow in range(ow_n):",
         f"                a1[n, c, oh, ow] = {expr}",
     ]
 
@@ -131,6 +136,6 @@ def _average_lines(win: Window, dt: str, prange: str) -> list[str]:
         *col_range(win, "                    "),
         "                    for ow in range(lo, hi):",
         f"                        row[ow] = row[ow] + a0[n, c, ih, ow * {win.sw} + off]",
-        f"            for ow in range({win.ow}):",
+        "            for ow in range(ow_n):",
         "                a1[n, c, oh, ow] = row[ow] / (cnt_h[oh] * cnt_w[ow])",
     ]

@@ -137,9 +137,11 @@ def test_conv_kernel_refuses_3d_prologue_and_partial_broadcast() -> None:
         kernel_source(part, [n.name for n in part.nodes])
 
 
-def test_conv_algo_rule_packed_but_direct_for_strided_depthwise() -> None:
-    assert choose_conv_algo(1, 1, 3, 3, group=32) == "packed"  # depthwise, unit stride
-    assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32) == "direct"  # depthwise, strided
+def test_conv_algo_rule_packed_but_direct_for_small_or_large_strided_depthwise() -> None:
+    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=784) == "packed"  # depthwise, unit stride
+    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=16) == "direct"  # depthwise, 4x4 output
+    assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32, positions=3136) == "direct"  # strided, 56x56
+    assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32, positions=256) == "packed"  # strided, 16x16
     assert choose_conv_algo(64, 64, 3, 3) == "packed"
     assert choose_conv_algo(512, 512, 3, 3, positions=49) == "packed"
     assert choose_conv_algo(3, 64, 7, 7, (2, 2)) == "packed"  # strided stem
