@@ -73,7 +73,7 @@ UNDERFLOW = {"float32": 128.0, "float64": 760.0}
 
 def _exp(x: str, dtype: str, approx: bool) -> str:
     if not approx:
-        return f"np.exp({x})"
+        return f"exp_f32({x})" if dtype == "float32" else f"np.exp({x})"
     if dtype == "float32":
         return f"exp_approx({x})"
     return f"np.{dtype}(exp_approx(np.float32({x})))"

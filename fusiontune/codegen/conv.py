@@ -1,7 +1,22 @@
-"""Conv kernels (ONNX Conv, NCHW, 1-D and 2-D): im2col + BLAS, shifted-view GEMMs, or a direct
-loop nest, with the fused epilogue applied to each output block while it is in cache.
+"""Conv kernels (ONNX Conv, NCHW, 1-D and 2-D): packed weights and a register-blocked micro-kernel,
+im2col + BLAS, shifted-view GEMMs, or a direct loop nest, with the fused epilogue applied to each
+output block while it is in cache.
 
-Three algorithms, one epilogue:
+Four algorithms, one epilogue:
+
+* ``packed`` (the default for all but some depthwise convs): the weights are packed once, when the
+  program is built (a :class:`~fusiontune.codegen.common.Derived` argument computed from the
+  constant; packed on entry when the weights are an input, as in a training step), into blocks of
+  output channels laid out (tap, input channel, channel in block). A task (image, group, block of
+  output rows) copies its rows of the zero-padded input once into phase planes, one per
+  (row, column) residue of the stride (:class:`PackedGeometry`), so that every tap of any stride
+  and dilation is one contiguous shifted view. Each output block is then one call of
+  codegen/microkernel.py's LLVM IR micro-kernel: up to 24 accumulators in vector registers for
+  the whole reduction over taps and input channels, at 205-211 GFLOP/s on one core here against
+  OpenBLAS's 168 sgemm peak. :func:`plan_packed` picks the layout: vector lanes over grid
+  positions (``rows``: the ``wp - ow`` pad columns computed and dropped) or over output channels
+  (``lanes``: rows are ``mr`` positions of one output row, nothing computed outside the output
+  but channel padding), and the register block, by padded work over measured block efficiency.
 
 * ``im2col``: the output is cut into blocks of whole output rows, one block per (image, group,
   row block) task of a ``prange``. A task copies the input patches of its block into a scratch
@@ -22,11 +37,13 @@ Three algorithms, one epilogue:
   channels and taps, the inner loop running over the output row (contiguous loads at stride 1,
   so LLVM vectorizes it), then applies the epilogue to the row.
 
-Which one runs: schedule ``conv_algo`` ("im2col" | "shifted" | "direct") when a pass set it
-(ConvOutputSplitFusionPass.algo; "shifted" on a strided conv runs im2col), else
-:func:`choose_conv_algo`. Measured with benchmarks/bench_conv.py on this machine (2-core Sapphire
-Rapids Xeon, 2 MiB L2 per core), float32, batch 1, medians of 5 interleaved rounds on one core
-(``NUMBA_NUM_THREADS=1``, taskset -c 0, the other core busy with another benchmark, loadavg ~1):
+Which one runs: schedule ``conv_algo`` ("packed" | "im2col" | "shifted" | "direct") when a pass
+set it (ConvOutputSplitFusionPass.algo; "shifted" on a strided conv runs im2col), else
+:func:`choose_conv_algo`. The table below is the measurement that chose among the three older
+algorithms (benchmarks/bench_conv.py on this machine, 2-core Sapphire Rapids Xeon, 2 MiB L2 per
+core, float32, batch 1, medians of 5 interleaved rounds on one core, ``NUMBA_NUM_THREADS=1``,
+taskset -c 0, the other core busy, loadavg ~1). benchmarks/RESULTS.md has the current table with
+``packed`` and onnxruntime beside them:
 
     shape                          im2col  shifted   direct   numpy ref   (ms)
     stem 7x7 s2 3->64 @224           3.49        -    35.34     8.27
@@ -55,12 +72,11 @@ with im2col on 1x1 convs (no patch copy either way). im2col wins every strided d
 wins every depthwise conv (1.5x to 2.7x over the next): there the GEMM is a (1 x 9) by (9 x P)
 product, so the BLAS calls cost more than the arithmetic.
 
-``choose_conv_algo`` encodes the result: depthwise and other thin-group convolutions (group > 1
-and K = C/group * kh * kw below :data:`DIRECT_MAX_K`, or fewer than :data:`DIRECT_MAX_MG` output
-channels per group) run direct; stride-1 convs with at least :data:`SHIFT_MIN_POSITIONS` output
-positions per image run shifted; everything else runs im2col. The K threshold sits between the
-measured depthwise (K = 9) and grouped (K = 72) cases; the positions threshold between the
-measured 49 and 196.
+``choose_conv_algo`` encodes the current result: ``packed`` beat the best of the other three on
+every shape of that table but a strided depthwise conv with a large output; the depthwise-like
+convs (group > 1 and K = C/group * kh * kw below :data:`DIRECT_MAX_K`) run direct when their
+output is tiny (:data:`DIRECT_MAX_POSITIONS`) or strided and large
+(:data:`DIRECT_STRIDED_POSITIONS`).
 
 Index arithmetic: an epilogue whose ops all vectorize (no libm call: ``math="approx"``, or no
 transcendental at all) casts its position indices to unsigned. numba wraps a negative signed
@@ -133,8 +149,6 @@ DIRECT_STRIDED_POSITIONS = 1024
 """A strided depthwise-like conv with at least this many output positions runs direct (dw 3x3 s2
 96 @112: direct 0.80 ms, packed 0.92); below it packed gathers the phase planes faster (48 @32:
 37 us vs 52)."""
-DIRECT_MAX_MG = 4
-"""A conv with fewer output channels per group than this runs direct (the GEMM would be too thin)."""
 
 
 def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, stride: tuple[int, int] = (1, 1), group: int = 1,
@@ -643,7 +657,8 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     ``mr`` channels by ``nr`` grid positions (``plan.orient == "rows"``) or ``mr`` positions of
     one output row by ``nr`` channels (``"lanes"``), into a scratch block that the epilogue then
     reads while it is in cache. The weights are packed (:func:`pack_weights`): once at build time
-    when they are a constant (``prepacked``), else on entry.
+    when they are a constant (``prepacked``), else on entry. A 1x1 conv of unit stride without
+    padding skips the copy: its grid is the input itself.
     """
     uk = plan.uk
     dtype, mr, nr = uk.dtype, uk.mr, uk.nr
@@ -686,29 +701,48 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     # Every element of xp is written once: the input where the grid is inside it, zero elsewhere
     # (padding, rows past the block, and the slack the last calls read past the grid).
     grid_end = (rows + geo.halo) * wp
+    fill: list[str] = []
     for pi, (a, b) in enumerate(geo.phases):
         u0 = min(wp, -(-(win.pw - b) // win.sw)) if win.pw > b else 0  # first grid column inside the input
         u1 = min(wp, (win.w - 1 + win.pw - b) // win.sw + 1) if win.w - 1 + win.pw - b >= 0 else 0
         u1 = max(u0, u1)
-        out += [
-            f"        for c in range({cg}):",
-            f"            ci = g * {cg} + c",
-            f"            for i in range({rows + geo.halo}):",
-            f"                ih = (r0 + i) * {win.sh} + {a - win.ph}",
-            f"                q = i * {wp}",
-            f"                if i < nrow and ih >= 0 and ih < {win.h}:",
-            f"                    for u in range({u0}):",
-            f"                        xp[{pi}, c, q + u] = 0.0",
-            f"                    for u in range({u0}, {u1}):",
-            f"                        xp[{pi}, c, q + u] = {ax}[n, ci, ih, u * {win.sw} + {b - win.pw}]",
-            f"                    for u in range({u1}, {wp}):",
-            f"                        xp[{pi}, c, q + u] = 0.0",
-            "                else:",
-            f"                    for u in range({wp}):",
-            f"                        xp[{pi}, c, q + u] = 0.0",
-            f"            for u in range({grid_end}, {cs}):",
-            f"                xp[{pi}, c, u] = 0.0",
+        fill += [
+            f"for c in range({cg}):",
+            f"    ci = g * {cg} + c",
+            f"    for i in range({rows + geo.halo}):",
+            f"        ih = (r0 + i) * {win.sh} + {a - win.ph}",
+            f"        q = i * {wp}",
+            f"        if i < nrow and ih >= 0 and ih < {win.h}:",
+            f"            for u in range({u0}):",
+            f"                xp[{pi}, c, q + u] = 0.0",
+            f"            for u in range({u0}, {u1}):",
+            f"                xp[{pi}, c, q + u] = {ax}[n, ci, ih, u * {win.sw} + {b - win.pw}]",
+            f"            for u in range({u1}, {wp}):",
+            f"                xp[{pi}, c, q + u] = 0.0",
+            "        else:",
+            f"            for u in range({wp}):",
+            f"                xp[{pi}, c, q + u] = 0.0",
+            f"    for u in range({grid_end}, {cs}):",
+            f"        xp[{pi}, c, u] = 0.0",
         ]
+    fill += ["src = xp.ctypes.data", f"ld = {cs}"]
+    # A 1x1 conv of unit stride without padding reads its input in place (channel stride H*W),
+    # unless a call's reads past the block's last position would leave the array (the last task).
+    in_place = (win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.pe_h, win.pe_w) == (1, 1, 1, 1, 0, 0, 0, 0)
+    if in_place:
+        hw = win.h * win.w
+        reach = (f"((r1 - r0) * {win.w} + {nr - 1}) // {nr} * {nr}" if plan.orient == "rows"
+                 else f"(r1 - r0) * {win.w} + {mr}")
+        out += [
+            f"        base = (n * {win.c} + g * {cg}) * {hw} + r0 * {win.w}",
+            f"        if base + {(cg - 1) * hw} + {reach} <= {win.n * win.c * hw}:",
+            f"            src = {ax}.ctypes.data + base * {isz}",
+            f"            ld = {hw}",
+            "        else:",
+            *("            " + f for f in fill),
+        ]
+    else:
+        out += ["        " + f for f in fill]
     if plan.orient == "rows":
         plr = -(-(rows * wp) // nr) * nr
         chunk = max(1, (256 * 1024) // (taps * wstep * isz))  # weight blocks that stay in half of L2
@@ -718,7 +752,7 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
             f"        for mc in range(0, {nmb}, {chunk}):",
             f"            for j0 in range(0, pl, {nr}):",
             f"                for mb in range(mc, min(mc + {chunk}, {nmb})):",
-            f"                    uk({cg}, wpk[g, mb].ctypes.data, {mr}, sw.ctypes.data, xp.ctypes.data + j0 * {isz}, {cs},"
+            f"                    uk({cg}, wpk[g, mb].ctypes.data, {mr}, sw.ctypes.data, src + j0 * {isz}, ld,"
             f" sx.ctypes.data, blk.ctypes.data + (mb * {mr * plr} + j0) * {isz}, {plr}, {taps}, 0)",
             f"        for mm in range({mg}):",
             f"            m = g * {mg} + mm",
@@ -741,7 +775,7 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
             "            for oh in range(r0, r1):",
             f"                for c0 in range(0, {win.ow}, {mr}):",
             f"                    q = (oh - r0) * {win.ow} + c0",
-            f"                    uk({cg}, xp.ctypes.data + ((oh - r0) * {wp} + c0) * {isz}, {cs}, sx.ctypes.data,"
+            f"                    uk({cg}, src + ((oh - r0) * {wp} + c0) * {isz}, ld, sx.ctypes.data,"
             f" wpk[g, mb].ctypes.data, {nr}, sw.ctypes.data, blk.ctypes.data + (q * {ldc} + mb * {nr}) * {isz},"
             f" {ldc}, {taps}, 0)",
             # the epilogue transposes in tiles of 16 positions: 16 rows of blk stay in L1 while

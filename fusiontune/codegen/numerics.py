@@ -54,6 +54,7 @@ ERF_MAX_ABS = 4.7e-7  # measured 4.42e-7 (at x = 3.90084), x in [-6, 6] (+-1 bey
 SIGMOID_MAX_REL = 1.6e-7  # measured 1.48e-7 (at x = -16.6362), x in [-87.3, 88]
 
 APPROX_FUNCTIONS = ("exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx")
+EXACT_FUNCTIONS = ("exp_f32", "tanh_f32")
 ROUND_FUNCTIONS = ("round_float16", "round_bfloat16")
 
 
@@ -83,6 +84,19 @@ def bits_float(typingctx, b):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
+def bits_double(typingctx, b):  # type: ignore[no-untyped-def]
+    """The float64 whose bits are the int64 ``b``."""
+    if not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        v = context.cast(builder, args[0], sig.args[0], types.int64)
+        return builder.bitcast(v, ir.DoubleType())
+
+    return types.float64(b), codegen
+
+
+@intrinsic
 def fmaximum(typingctx, a, b):  # type: ignore[no-untyped-def]
     """IEEE 754-2019 maximum of two floats of one type (``llvm.maximum``): NaN if either is NaN.
 
@@ -97,6 +111,20 @@ def fmaximum(typingctx, a, b):  # type: ignore[no-untyped-def]
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
         t = context.get_value_type(sig.args[0])
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]), f"llvm.maximum.f{sig.args[0].bitwidth}")
+        return builder.call(fn, args)
+
+    return a(a, a), codegen
+
+
+@intrinsic
+def fminimum(typingctx, a, b):  # type: ignore[no-untyped-def]
+    """IEEE 754-2019 minimum of two floats of one type (``llvm.minimum``): NaN if either is NaN."""
+    if not isinstance(a, types.Float) or a != b:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        t = context.get_value_type(sig.args[0])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]), f"llvm.minimum.f{sig.args[0].bitwidth}")
         return builder.call(fn, args)
 
     return a(a, a), codegen
@@ -172,6 +200,71 @@ def exp_approx(x):  # type: ignore[no-untyped-def]
     y = y if x < _EXP_HI else np.float32(np.inf)
     y = y if x > _EXP_LO else _F32(0.0)
     return y if x == x else x
+
+
+# ---- exp and tanh of float32, correctly rounded in practice (the default math) -----------------
+# numba from PyPI calls libm's expf / tanhf one element at a time. These compute in float64 with
+# an error near 1e-14 relative and round once to float32: the float32 nearest the true value
+# except within 1e-14 of a tie between two floats, as libm's own float32 functions (which also
+# work in double) do. They use only arithmetic, floor, selects and a bitcast, so a loop calling
+# them vectorizes (8 float64 lanes per 512-bit register). Checked against float64 numpy on dense
+# grids (tests/codegen/test_numerics.py): equal to the rounded float64 value everywhere sampled.
+_D_EXP_HI = 89.0  # exp(89) > FLT_MAX: rounds to inf
+_D_EXP_LO = -104.0  # exp(-104) < FLT_TRUE_MIN / 2: rounds to 0
+_D_LOG2E = 1.4426950408889634
+_D_LN2_HI = 0.6931471803691238  # ln2 with its low 20 bits cleared: n * _D_LN2_HI is exact
+_D_LN2_LO = 1.9082149292705877e-10
+
+
+@numba.njit("float64(float64)", cache=True, nogil=True, error_model="numpy", fastmath=_APPROX_FASTMATH)
+def exp_d(x):  # type: ignore[no-untyped-def]
+    """exp(x) for float64 ``x`` in [-104, 89] (clamped there), relative error about 1e-15:
+    ``x = n ln2 + r``, ``|r| <= ln2 / 2`` (Cody-Waite in two parts), Taylor to degree 11 (its
+    remainder is below 7e-15), times ``2^n`` from exponent bits. NaN gives NaN: the clamps are
+    ``llvm.minimum`` / ``llvm.maximum``, which keep it, and so carry it through without a select
+    (a select for NaN after the arithmetic kept a caller's loop from vectorizing)."""
+    xc = fmaximum(fminimum(x, _D_EXP_HI), _D_EXP_LO)
+    fn = np.floor(xc * _D_LOG2E + 0.5)
+    r = (xc - fn * _D_LN2_HI) - fn * _D_LN2_LO
+    p = 2.505210838544172e-08  # 1/11!
+    p = p * r + 2.755731922398589e-07
+    p = p * r + 2.755731922398589e-06
+    p = p * r + 2.48015873015873e-05
+    p = p * r + 0.0001984126984126984
+    p = p * r + 0.001388888888888889
+    p = p * r + 0.008333333333333333
+    p = p * r + 0.041666666666666664
+    p = p * r + 0.16666666666666666
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    return p * bits_double((np.int64(fn) + 1023) << 52)
+
+
+@numba.njit("float32(float32)", cache=True, nogil=True, error_model="numpy", fastmath=_APPROX_FASTMATH)
+def exp_f32(x):  # type: ignore[no-untyped-def]
+    """exp(x) of a float32, rounded once from float64: inf above 88.72, 0 below -103.97,
+    subnormal results rounded as the hardware rounds float64 to float32, NaN kept."""
+    return np.float32(exp_d(np.float64(x)))
+
+
+_D_TANH_SMALL = 1.0 / 256.0  # below: the odd series to x^9 (remainder below 2e-20 relative)
+
+
+@numba.njit("float32(float32)", cache=True, nogil=True, error_model="numpy", fastmath=_APPROX_FASTMATH)
+def tanh_f32(x):  # type: ignore[no-untyped-def]
+    """tanh(x) of a float32, rounded once from float64: ``(1 - e) / (1 + e)`` with
+    ``e = exp(-2|x|)`` (cancellation costs at most 1e-13 relative above 1/256), the series
+    ``x - x^3/3 + 2x^5/15 - 17x^7/315 + 62x^9/2835`` below; the sign restored, +-1 beyond,
+    NaN kept."""
+    xd = np.float64(x)
+    a = np.abs(xd)
+    e = exp_d(-2.0 * fminimum(a, 20.0))
+    big = (1.0 - e) / (1.0 + e)
+    a2 = a * a
+    small = a * (1.0 + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0 + a2 * (62.0 / 2835.0)))))
+    t = small if a < _D_TANH_SMALL else big  # NaN takes big, NaN through exp_d
+    return np.float32(np.copysign(t, xd))
 
 
 # ---- tanh ------------------------------------------------------------------------------------
@@ -326,6 +419,12 @@ def _map(which, x, out):  # type: ignore[no-untyped-def]
     elif which == 4:
         for i in range(n):
             out[i] = round_float16(x[i])
+    elif which == 6:
+        for i in range(n):
+            out[i] = exp_f32(x[i])
+    elif which == 7:
+        for i in range(n):
+            out[i] = tanh_f32(x[i])
     else:
         for i in range(n):
             out[i] = round_bfloat16(x[i])
@@ -333,7 +432,7 @@ def _map(which, x, out):  # type: ignore[no-untyped-def]
 
 def apply(name: str, x: np.ndarray) -> np.ndarray:
     """One of this module's scalar functions (by name) applied to every element of ``x``, as float32."""
-    names = APPROX_FUNCTIONS + ROUND_FUNCTIONS
+    names = APPROX_FUNCTIONS + ROUND_FUNCTIONS + EXACT_FUNCTIONS
     if name not in names:
         raise ValueError(f"no scalar function {name!r} in fusiontune.codegen.numerics ({', '.join(names)})")
     arr = np.ascontiguousarray(x, dtype=np.float32)

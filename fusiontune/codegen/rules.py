@@ -77,6 +77,17 @@ def _f32_call(fn: str, x: str, dtype: str) -> str:
     return f"np.{dtype}({fn}(np.float32({x})))"
 
 
+def _exp(x: str, dtype: str) -> str:
+    """exp under the default math: a float32 kernel calls numerics.exp_f32 (float64 inside, one
+    rounding: libm's expf to the last bit but for near-ties, and vectorizable); float64 calls libm."""
+    return f"exp_f32({x})" if dtype == "float32" else f"np.exp({x})"
+
+
+def _tanh(x: str, dtype: str) -> str:
+    """tanh under the default math: numerics.tanh_f32 in a float32 kernel (as :func:`_exp`)."""
+    return f"tanh_f32({x})" if dtype == "float32" else f"np.tanh({x})"
+
+
 SCALAR_RULES: dict[str, ScalarRule] = {
     "Add": lambda a, at, lit, dt: f"({a[0]} + {a[1]})",
     "BiasAdd": lambda a, at, lit, dt: f"({a[0]} + {a[1]})",
@@ -95,13 +106,13 @@ SCALAR_RULES: dict[str, ScalarRule] = {
     "Reciprocal": lambda a, at, lit, dt: f"({lit(1.0)} / {a[0]})",
     "Sqrt": lambda a, at, lit, dt: f"np.sqrt({a[0]})",
     "Rsqrt": lambda a, at, lit, dt: f"({lit(1.0)} / np.sqrt({a[0]}))",
-    "Exp": lambda a, at, lit, dt: f"np.exp({a[0]})",
+    "Exp": lambda a, at, lit, dt: _exp(a[0], dt),
     "Log": lambda a, at, lit, dt: f"np.log({a[0]})",
-    "Tanh": lambda a, at, lit, dt: f"np.tanh({a[0]})",
+    "Tanh": lambda a, at, lit, dt: _tanh(a[0], dt),
     "Erf": lambda a, at, lit, dt: f"math.erf({a[0]})",
-    "Sigmoid": lambda a, at, lit, dt: f"({lit(1.0)} / ({lit(1.0)} + np.exp(-{a[0]})))",
-    "Silu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + np.exp(-{a[0]})))",
-    "SwiGlu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + np.exp(-{a[0]})) * {a[1]})",
+    "Sigmoid": lambda a, at, lit, dt: f"({lit(1.0)} / ({lit(1.0)} + {_exp(f'-{a[0]}', dt)}))",
+    "Silu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + {_exp(f'-{a[0]}', dt)}))",
+    "SwiGlu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + {_exp(f'-{a[0]}', dt)}) * {a[1]})",
     "Gelu": _gelu,
     "GeGlu": lambda a, at, lit, dt: f"({_gelu(a, at, lit, dt)} * {a[1]})",
     "Clip": lambda a, at, lit, dt: f"np.minimum(np.maximum({a[0]}, {lit(at.get('min', -np.inf))}), {lit(at.get('max', np.inf))})",
@@ -129,7 +140,7 @@ def _gelu_cdf(x: str, attrs: Mapping[str, Any], lit: Lit, dtype: str, approx: bo
     """GELU's gate ``(1 + erf(x / sqrt 2)) / 2`` (tanh form: ``(1 + tanh(u)) / 2``)."""
     if attrs.get("approximate", "none") == "tanh":
         inner = f"{lit(0.7978845608028654)} * ({x} + {lit(0.044715)} * {x} * {x} * {x})"
-        th = _f32_call("tanh_approx", inner, dtype) if approx else f"np.tanh({inner})"
+        th = _f32_call("tanh_approx", inner, dtype) if approx else _tanh(inner, dtype)
         return f"({lit(0.5)} * ({lit(1.0)} + {th}))"
     arg = f"{x} * {lit(0.7071067811865476)}"
     erf = _f32_call("erf_approx", arg, dtype) if approx else f"math.erf({arg})"
@@ -144,7 +155,7 @@ def _gelu_grad(a: list[str], attrs: Mapping[str, Any], lit: Lit, dtype: str, app
         du = f"{lit(0.7978845608028654)} * ({lit(1.0)} + {lit(3 * 0.044715)} * {x} * {x})"
         return f"({dy} * ({c} + {lit(2.0)} * {x} * {c} * ({lit(1.0)} - {c}) * {du}))"
     arg = f"{lit(-0.5)} * {x} * {x}"
-    e = _f32_call("exp_approx", arg, dtype) if approx else f"np.exp({arg})"
+    e = _f32_call("exp_approx", arg, dtype) if approx else _exp(arg, dtype)
     return f"({dy} * ({c} + {x} * {e} * {lit(0.3989422804014327)}))"
 
 
@@ -235,7 +246,7 @@ APPROX_RULES: dict[str, ScalarRule] = {
 # them imports them (codegen/common.py: kernel_header).
 NUMERICS_FUNCTIONS = (
     "exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx", "round_float16", "round_bfloat16", "fmaximum",
-    "arith_fence",
+    "arith_fence", "exp_f32", "tanh_f32",
 )
 
 MATH_MODES = ("libm", "approx")

@@ -222,8 +222,9 @@ def test_a_kernel_that_does_not_compile_raises_without_quarantine(
     # Only damage is healed: a broken generated source is a bug to see, not a cache entry to hide.
     monkeypatch.setenv("FUSIONTUNE_CACHE_DIR", str(tmp_path))
     src = _source(_graph())
+    assert "exp_f32(" in src.source
     broken = KernelSource(
-        src.name, src.source.replace("np.exp(", "np.no_such_function("), src.args, src.kind, 0, 0
+        src.name, src.source.replace("exp_f32(", "np.no_such_function("), src.args, src.kind, 0, 0
     )
     caplog.set_level(logging.WARNING, logger=LOGGER)
     with pytest.raises(Exception, match="no_such_function"):
@@ -252,13 +253,17 @@ def test_key_covers_the_fusiontune_helpers_a_kernel_imports(
         0,
         0,
     )
-    assert helper_modules(blas.source) == ("fusiontune.codegen.blas",)
-    assert helper_modules(src.source) == ()
-    before = blas.key
-    # An edited blas.py: the digest of its text changes, so must every key of a kernel using it.
+    # the sigmoid calls numerics' exp_f32 (the default math)
+    assert helper_modules(blas.source) == ("fusiontune.codegen.blas", "fusiontune.codegen.numerics")
+    assert helper_modules(src.source) == ("fusiontune.codegen.numerics",)
+    plain = KernelSource(src.name, src.source.replace("from fusiontune.codegen.numerics import exp_f32\n", ""),
+                         src.args, src.kind, 0, 0)
+    assert helper_modules(plain.source) == ()
+    before, before_plain = blas.key, plain.key
+    # An edited helper: the digest of its text changes, so must every key of a kernel using it.
     monkeypatch.setattr("fusiontune.codegen.common._module_digest", lambda name: "edited")
     assert blas.key != before
-    assert src.key == _source(_graph()).key
+    assert plain.key == before_plain
 
 
 # ---- real processes --------------------------------------------------------------------------------
