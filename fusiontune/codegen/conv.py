@@ -223,8 +223,9 @@ def generate_conv_kernel(
         low: the group's nodes and constants.
         inputs: external values read; outputs: values written.
         name: the function name.
-        schedule: ``conv_algo`` ("im2col" | "direct") and ``conv_rows`` (output rows per
-            im2col block, 0: sized to :data:`COL_BYTES`).
+        schedule: ``conv_algo`` (:data:`CONV_ALGOS`), ``conv_rows`` (output rows per block, 0:
+            each algorithm's own sizing) and ``conv_orient`` ("rows" | "lanes": the packed
+            kernel's layout, else :func:`plan_packed` decides).
         approx: the epilogue's transcendentals as numerics.py's approximations.
 
     Raises:
@@ -613,18 +614,30 @@ class PackedPlan:
         return self.uk.nr if self.orient == "lanes" else self.uk.mr
 
 
+LANES_COST = 1.12
+"""The ``lanes`` layout's extra cost over its padded work: the transposing epilogue and the
+broadcasts read down the input grid. Set from benchmarks/bench_conv.py's shapes on one core
+(rows faster by 4-20% on the large-spatial ones, lanes by 5-40% where rows' padding exceeds
+about 12%)."""
+ROWS_STRIDED_COST = 1.08
+"""The ``rows`` layout's extra cost on a strided conv (its reads span several phase planes)."""
+
+
 def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None) -> PackedPlan:
     """The orientation (``orient``, or either) and register block with the least predicted time:
     padded work (channels rounded up to the channel block, positions to the position block) over
-    the block's measured efficiency (:func:`microkernel.efficiency`)."""
+    the block's measured efficiency (:func:`microkernel.efficiency`), times :data:`LANES_COST` or
+    :data:`ROWS_STRIDED_COST`."""
     wp = win.ow + (win.kw - 1) * win.dw // win.sw
+    strided = (win.sh, win.sw) != (1, 1)
     best: tuple[float, PackedPlan] | None = None
     for mr, nv in microkernel.blocks():
         uk = microkernel.Shape(dtype, mr, nv)
         eff = microkernel.efficiency(mr, nv)
-        lanes = (-(-mg // uk.nr) * uk.nr / mg) * (-(-win.ow // mr) * mr / win.ow) / eff
+        lanes = (-(-mg // uk.nr) * uk.nr / mg) * (-(-win.ow // mr) * mr / win.ow) / eff * LANES_COST
         grid = win.oh * wp
         rows = (-(-mg // mr) * mr / mg) * (-(-grid // uk.nr) * uk.nr / (win.oh * win.ow)) / eff
+        rows *= ROWS_STRIDED_COST if strided else 1.0
         for cost, o in ((lanes, "lanes"), (rows, "rows")):
             if orient in (None, o) and (best is None or cost < best[0] - 1e-9):
                 best = (cost, PackedPlan(o, uk))
@@ -657,8 +670,7 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     ``mr`` channels by ``nr`` grid positions (``plan.orient == "rows"``) or ``mr`` positions of
     one output row by ``nr`` channels (``"lanes"``), into a scratch block that the epilogue then
     reads while it is in cache. The weights are packed (:func:`pack_weights`): once at build time
-    when they are a constant (``prepacked``), else on entry. A 1x1 conv of unit stride without
-    padding skips the copy: its grid is the input itself.
+    when they are a constant (``prepacked``), else on entry.
     """
     uk = plan.uk
     dtype, mr, nr = uk.dtype, uk.mr, uk.nr
@@ -726,23 +738,10 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
             f"        xp[{pi}, c, u] = 0.0",
         ]
     fill += ["src = xp.ctypes.data", f"ld = {cs}"]
-    # A 1x1 conv of unit stride without padding reads its input in place (channel stride H*W),
-    # unless a call's reads past the block's last position would leave the array (the last task).
-    in_place = (win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.pe_h, win.pe_w) == (1, 1, 1, 1, 0, 0, 0, 0)
-    if in_place:
-        hw = win.h * win.w
-        reach = (f"((r1 - r0) * {win.w} + {nr - 1}) // {nr} * {nr}" if plan.orient == "rows"
-                 else f"(r1 - r0) * {win.w} + {mr}")
-        out += [
-            f"        base = (n * {win.c} + g * {cg}) * {hw} + r0 * {win.w}",
-            f"        if base + {(cg - 1) * hw} + {reach} <= {win.n * win.c * hw}:",
-            f"            src = {ax}.ctypes.data + base * {isz}",
-            f"            ld = {hw}",
-            "        else:",
-            *("            " + f for f in fill),
-        ]
-    else:
-        out += ["        " + f for f in fill]
+    # A 1x1 conv copies its block too: read in place (channel stride H*W, 12.5 KB at 56x56) it ran
+    # 1x1 64->256 @56 in 0.98 ms against 0.86 copied, the copy's short stride keeping the
+    # reduction's rows apart in L1.
+    out += ["        " + f for f in fill]
     if plan.orient == "rows":
         plr = -(-(rows * wp) // nr) * nr
         chunk = max(1, (256 * 1024) // (taps * wstep * isz))  # weight blocks that stay in half of L2

@@ -151,8 +151,7 @@ def test_conv_algo_rule_packed_but_direct_for_small_or_large_strided_depthwise()
 @pytest.mark.parametrize("orient", ["rows", "lanes"])
 @pytest.mark.parametrize("case", ["3x3_pad1", "3x3_s2_asym", "group3_dilated", "5x5_wide_stride", "1d", "1x1"])
 def test_packed_conv_both_orientations_match_reference(case: str, orient: str) -> None:
-    """Each layout of the micro-kernel (lanes over grid positions or over output channels); the
-    1x1 case reads its input in place but for the last task, whose reads would leave the array."""
+    """Each layout of the micro-kernel (lanes over grid positions or over output channels)."""
     xs, ws, attrs, bias = GRID[case]
 
     def build(g: GraphBuilder) -> Tensor:

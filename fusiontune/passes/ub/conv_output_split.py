@@ -9,6 +9,7 @@ from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import patterns
 
 ALGOS = {1: "im2col", 2: "direct", 3: "shifted", 4: "packed"}
+ORIENTS = {1: "rows", 2: "lanes"}
 
 
 @patterns("ConvOutputSplit")
@@ -24,8 +25,8 @@ def conv_output_split_fusion(fused: FusedGraph, ctx: PassContext) -> FusedGraph:
     micro-kernel; they sum the same products in a different order (rounding only). Preconditions: none beyond a Conv in the kernel; ``rows`` only changes
     im2col, shifted and packed kernels.
     """
-    rows, algo = ctx.split("rows"), ctx.split("algo")
-    if rows <= 0 and algo <= 0:
+    rows, algo, orient = ctx.split("rows"), ctx.split("algo"), ctx.split("orient")
+    if rows <= 0 and algo <= 0 and orient <= 0:
         return fused
     graph = fused.graph
     groups = []
@@ -38,6 +39,8 @@ def conv_output_split_fusion(fused: FusedGraph, ctx: PassContext) -> FusedGraph:
                     sched["conv_rows"] = rows
                 if algo in ALGOS:
                     sched["conv_algo"] = ALGOS[algo]
+                if orient in ORIENTS:
+                    sched["conv_orient"] = ORIENTS[orient]
                 g = replace(g, schedule=sched, passes=(*g.passes, "ConvOutputSplitFusionPass"))
         groups.append(g)
     return fused.with_groups(groups)
