@@ -93,12 +93,13 @@ def blocks() -> tuple[tuple[int, int], ...]:
 
 def efficiency(mr: int, nv: int) -> float:
     """The share of the FMA peak a block reaches, from measured GFLOP/s of the blocks on this
-    machine (a 2-core Sapphire Rapids, one core, operands in L1; best 211): 14 or more
-    accumulators 0.95-1.0; 12: 0.85; 8: 0.7; one row (``mr = 1``, load-bound): 0.45. Two FMA
-    ports of 4 cycles' latency need at least 8 independent accumulators to stay busy."""
+    machine (a 2-core Sapphire Rapids, one core, operands in L1; best 211): 18 or more
+    accumulators 0.97-1.0, 16: 0.95, 14: 0.91, 12: 0.81-0.88, 8: 0.69; one row (``mr = 1``,
+    load-bound): 0.45. Two FMA ports of 4 cycles' latency need at least 8 independent
+    accumulators to stay busy, and more hide the loads."""
     if mr == 1:
         return 0.45
-    return min(1.0, 0.4 + 0.04 * mr * nv)
+    return min(1.0, 0.35 + 0.036 * mr * nv)
 
 
 def _ir(s: Shape) -> str:
