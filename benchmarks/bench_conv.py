@@ -118,10 +118,14 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
     onnxruntime / the rule's pick (> 1: fusiontune is faster)."""
     import numba
 
+    from fusiontune.measure.roofline import measure_peak_flops
+
     algos = ("im2col", "shifted", "direct", "packed")
     threads = numba.config.NUMBA_NUM_THREADS
+    peak = measure_peak_flops(threads)
     print(f"threads: {threads} (NUMBA_NUM_THREADS; onnxruntime intra-op alike); ms: median ±IQR of {rounds} interleaved rounds")
-    print(f"{'shape':30s}" + "".join(f"{a:>14s}" for a in (*algos, "onnxruntime", "numpy")) + "  winner   rule     GFLOP/s  ort/rule")
+    print(f"measured float32 peak on {threads} thread(s): {peak / 1e9:.1f} GFLOP/s (the faster of sgemm and the conv micro-kernel)")
+    print(f"{'shape':30s}" + "".join(f"{a:>14s}" for a in (*algos, "onnxruntime", "numpy")) + "  winner   rule     GFLOP/s  %peak  ort/rule")
     ref = get_op("Conv").reference
     ratios = []
     for label, c, h, m, k, s, grp in SHAPES:
@@ -154,7 +158,7 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
         ratios.append(ratio)
         cell = {a: f"{res[a][0]:7.3f} ±{res[a][1]:4.2f}" if a in res else "-" for a in (*algos, "onnxruntime", "numpy")}
         print(f"{label:30s}" + "".join(f"{cell[a]:>14s}" for a in (*algos, "onnxruntime", "numpy"))
-              + f"  {winner:7s}  {rule:7s} {gflops:7.1f}  {ratio:6.2f}x")
+              + f"  {winner:7s}  {rule:7s} {gflops:7.1f}  {100 * gflops * 1e9 / peak:5.0f}  {ratio:6.2f}x")
     if ratios and all(r == r for r in ratios):
         print(f"onnxruntime / fusiontune (the rule's pick): geometric mean {np.exp(np.mean(np.log(ratios))):.2f}x, "
               f"min {min(ratios):.2f}x over {len(ratios)} shapes")

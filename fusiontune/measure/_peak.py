@@ -10,9 +10,14 @@ import numba
 import numpy as np
 
 from fusiontune.codegen.blas import gemm_at32
+from fusiontune.codegen.microkernel import Shape, register
 from fusiontune.codegen.threading_layer import configure_threading
 
-configure_threading()  # before the parallel function below is compiled or loaded
+configure_threading()  # before the parallel functions below are compiled or loaded
+UK_SHAPE = Shape("float32", 8, 3)
+"""The block the packed conv kernels use most (24 accumulators)."""
+uk = register(UK_SHAPE)
+_MR, _NR = UK_SHAPE.mr, UK_SHAPE.nr
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -31,3 +36,17 @@ def parallel_sgemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, chunks: int) -> 
             m, n, k, a.ctypes.data + t * m * k * 4, k, b.ctypes.data, n,
             c.ctypes.data + t * m * n * 4, n, 0.0,
         )  # fmt: skip
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def parallel_microkernel(a: np.ndarray, b: np.ndarray, c: np.ndarray, sa: np.ndarray, sb: np.ndarray,
+                         k: int, calls: int, chunks: int) -> None:
+    """``calls`` micro-kernel calls per chunk, in parallel: ``c[t] = a[t]^T b[t]`` for a reduction
+    of 9 taps of ``k`` over operands that stay in L1 (the packed conv kernels' inner block).
+    ``a`` (chunks, 9 * k * mr), ``b`` (chunks, 9 * k * nr), ``c`` (chunks, mr * nr), float32."""
+    mr = _MR
+    nr = _NR
+    for t in numba.prange(chunks):
+        for _ in range(calls):
+            uk(k, a[t].ctypes.data, mr, sa.ctypes.data, b[t].ctypes.data, nr, sb.ctypes.data,
+               c[t].ctypes.data, nr, 9, 0)
