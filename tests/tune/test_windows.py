@@ -58,6 +58,7 @@ search = "ALL"
 "MatMulRowSplitFusionPass.row_block" = { low = 0, high = 128, step = 32 }
 "ConvOutputSplitFusionPass.rows" = 0
 "ConvOutputSplitFusionPass.algo" = 0
+"ConvOutputSplitFusionPass.orient" = 0
 
 [accuracy]
 metric = "max_rel"
