@@ -54,7 +54,7 @@ ERF_MAX_ABS = 4.7e-7  # measured 4.42e-7 (at x = 3.90084), x in [-6, 6] (+-1 bey
 SIGMOID_MAX_REL = 1.6e-7  # measured 1.48e-7 (at x = -16.6362), x in [-87.3, 88]
 
 APPROX_FUNCTIONS = ("exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx")
-EXACT_FUNCTIONS = ("exp_f32", "tanh_f32", "erf_f32")
+EXACT_FUNCTIONS = ("exp_f32", "tanh_f32")
 ROUND_FUNCTIONS = ("round_float16", "round_bfloat16")
 
 
@@ -267,80 +267,6 @@ def tanh_f32(x):  # type: ignore[no-untyped-def]
     return np.float32(np.copysign(t, xd))
 
 
-# erf: the series below 1/2, else 1 - exp(-x^2) * erfcx(x), erfcx by a Chebyshev series of degree
-# 24 on [1/2, 4] (fitted at its nodes to 40-digit values: relative error 3e-15); erf(x) rounds to
-# +-1 in float32 beyond 4.
-_ERFCX_CHEB = (
-    0.2968184547907381, -0.21439910886829272, 0.07208344566478077, -0.022822076624612928,
-    0.006860448658014742, -0.0019701909332855406, 0.0005431390253292095, -0.0001442896237134523,
-    3.7055640273771085e-05, -9.223949024915583e-06, 2.2304759246447373e-06, -5.249700977375719e-07,
-    1.2046393245231396e-07, -2.699013911386521e-08, 5.912153286536608e-09, -1.2676061420192414e-09,
-    2.6630241367144625e-10, -5.48690683620236e-11, 1.1097287615812175e-11, -2.2047993626716498e-12,
-    4.306422755370195e-13, -8.272573263442178e-14, 1.5433869530117205e-14, -2.8815081654697056e-15,
-    4.951937412851211e-16,
-)
-_TWO_OVER_SQRT_PI = 1.1283791670955126
-
-
-@numba.njit("float32(float32)", cache=True, nogil=True, error_model="numpy", fastmath=_APPROX_FASTMATH,
-            inline="always")
-def erf_f32(x):  # type: ignore[no-untyped-def]
-    """erf(x) of a float32, rounded once from float64 (relative error near 1e-14 inside): the
-    Maclaurin series to x^21 for ``|x| < 1/2`` (remainder below 2e-15), else
-    ``1 - exp(-x^2) erfcx(|x|)`` with erfcx by Clenshaw's recurrence over :data:`_ERFCX_CHEB`
-    (``|x|`` clamped to 4, where erf rounds to 1); the sign restored, NaN kept. Inlined by numba
-    into its caller: LLVM found it too large to inline, and a call keeps the caller's loop scalar."""
-    xd = np.float64(x)
-    a = np.abs(xd)
-    a2 = a * a
-    p = 1.3122532963802806e-08
-    p = p * a2 - 1.4503852223150468e-07
-    p = p * a2 + 1.4589169000933706e-06
-    p = p * a2 - 1.3227513227513228e-05
-    p = p * a2 + 0.00010683760683760684
-    p = p * a2 - 0.0007575757575757576
-    p = p * a2 + 0.004629629629629629
-    p = p * a2 - 0.023809523809523808
-    p = p * a2 + 0.1
-    p = p * a2 - 0.3333333333333333
-    p = p * a2 + 1.0
-    small = _TWO_OVER_SQRT_PI * a * p
-    ac = fminimum(fmaximum(a, 0.5), 4.0)  # NaN stays NaN
-    t = ac * (2.0 / 3.5) - 4.5 / 3.5  # [1/2, 4] -> [-1, 1], a product (a division per lane is slow)
-    t2 = 2.0 * t
-    # Clenshaw over _ERFCX_CHEB[24..1], written out: a loop over the tuple stayed a loop (26 ns)
-    b1 = 0.0
-    b2 = 0.0
-    b1, b2 = 4.951937412851211e-16 + t2 * b1 - b2, b1
-    b1, b2 = -2.8815081654697056e-15 + t2 * b1 - b2, b1
-    b1, b2 = 1.5433869530117205e-14 + t2 * b1 - b2, b1
-    b1, b2 = -8.272573263442178e-14 + t2 * b1 - b2, b1
-    b1, b2 = 4.306422755370195e-13 + t2 * b1 - b2, b1
-    b1, b2 = -2.2047993626716498e-12 + t2 * b1 - b2, b1
-    b1, b2 = 1.1097287615812175e-11 + t2 * b1 - b2, b1
-    b1, b2 = -5.48690683620236e-11 + t2 * b1 - b2, b1
-    b1, b2 = 2.6630241367144625e-10 + t2 * b1 - b2, b1
-    b1, b2 = -1.2676061420192414e-09 + t2 * b1 - b2, b1
-    b1, b2 = 5.912153286536608e-09 + t2 * b1 - b2, b1
-    b1, b2 = -2.699013911386521e-08 + t2 * b1 - b2, b1
-    b1, b2 = 1.2046393245231396e-07 + t2 * b1 - b2, b1
-    b1, b2 = -5.249700977375719e-07 + t2 * b1 - b2, b1
-    b1, b2 = 2.2304759246447373e-06 + t2 * b1 - b2, b1
-    b1, b2 = -9.223949024915583e-06 + t2 * b1 - b2, b1
-    b1, b2 = 3.7055640273771085e-05 + t2 * b1 - b2, b1
-    b1, b2 = -0.0001442896237134523 + t2 * b1 - b2, b1
-    b1, b2 = 0.0005431390253292095 + t2 * b1 - b2, b1
-    b1, b2 = -0.0019701909332855406 + t2 * b1 - b2, b1
-    b1, b2 = 0.006860448658014742 + t2 * b1 - b2, b1
-    b1, b2 = -0.022822076624612928 + t2 * b1 - b2, b1
-    b1, b2 = 0.07208344566478077 + t2 * b1 - b2, b1
-    b1, b2 = -0.21439910886829272 + t2 * b1 - b2, b1
-    cx = _ERFCX_CHEB[0] + t * b1 - b2
-    big = 1.0 - exp_d(-(ac * ac)) * cx
-    r = small if a < 0.5 else big
-    return np.float32(np.copysign(r, xd))
-
-
 # ---- tanh ------------------------------------------------------------------------------------
 # Eigen's clamp for FMA targets: the smallest x where the rational function (evaluated with fused
 # multiply-adds, as 'contract' gives here) reaches exactly 1, so tanh(+-inf) = +-1.
@@ -499,9 +425,7 @@ def _map(which, x, out):  # type: ignore[no-untyped-def]
     elif which == 7:
         for i in range(n):
             out[i] = tanh_f32(x[i])
-    elif which == 8:
-        for i in range(n):
-            out[i] = erf_f32(x[i])
+
     else:
         for i in range(n):
             out[i] = round_bfloat16(x[i])
