@@ -92,7 +92,6 @@ def ort_conv(c: int, h: int, m: int, k: int, stride: int, group: int, w: np.ndar
     """The same Conv as a one-node ONNX model in an onnxruntime session (ORT_ENABLE_ALL, no
     spin-waiting, ``threads`` intra-op threads), or None where onnxruntime is not installed."""
     try:
-        import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:

@@ -413,6 +413,21 @@ def _im2col_body(win: Window, group: int, cg: int, mg: int, k: int, rows: int, d
     return out
 
 
+def _grid_epilogue(win: Window, mg: int, wp: int, body: Sequence[str]) -> list[str]:
+    """The epilogue of a task whose block ``blk`` holds ``mg`` channels by the grid positions of
+    output rows ``r0 <= oh < r1`` (row stride ``wp``; the ``wp - ow`` pad columns dropped)."""
+    return [
+        f"        for mm in range({mg}):",
+        f"            m = g * {mg} + mm",
+        "            for oh in range(r0, r1):",
+        f"                q = (oh - r0) * {wp}",
+        "                for ow in range(ow_n):",
+        f"                    p = {_ix(f'oh * {win.ow} + ow')}",
+        f"                    acc = blk[mm, {_ix('q + ow')}]",
+        *_epilogue_lines(body, "                    "),
+    ]
+
+
 def _shifted_rows(win: Window, wp: int, group: int) -> int:
     """Output rows per shifted block: about :data:`SHIFT_POSITIONS` padded-width positions, rows
     spread evenly over the blocks, and enough blocks to keep every thread busy."""
@@ -490,17 +505,7 @@ def _shifted_body(win: Window, group: int, cg: int, mg: int, rows: int, wp: int,
             f"            {gemm}({mg}, pl, {cg}, wt[g, tap].ctypes.data, {cg}, xp.ctypes.data + sh * {isz}, cs,"
             " blk.ctypes.data, pl, 0.0 if tap == 0 else 1.0)",
         ]
-    out += [
-        f"        for mm in range({mg}):",
-        f"            m = g * {mg} + mm",
-        "            for oh in range(r0, r1):",
-        f"                q = (oh - r0) * {wp}",
-        f"                for ow in range(ow_n):",
-        f"                    p = {_ix(f'oh * {win.ow} + ow')}",
-        f"                    acc = blk[mm, {_ix('q + ow')}]",
-        *_epilogue_lines(body, "                    "),
-    ]
-    return out
+    return out + _grid_epilogue(win, mg, wp, body)
 
 
 DIRECT_TASK_OUTPUTS = 2048
@@ -548,7 +553,7 @@ def _direct_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str,
         f"                                acc_row[j, ow] += wv * {ax}[n, ci, ih, ow * {win.sw} + off]",
         "            for j in range(nm):",
         f"                m = g * {mg} + m0 + j",
-        f"                for ow in range(ow_n):",
+        "                for ow in range(ow_n):",
         f"                    p = {_ix(f'oh * {win.ow} + ow')}",
         "                    acc = acc_row[j, ow]",
         *_epilogue_lines(body, "                    "),
@@ -753,15 +758,8 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
             f"                for mb in range(mc, min(mc + {chunk}, {nmb})):",
             f"                    uk({cg}, wpk[g, mb].ctypes.data, {mr}, sw.ctypes.data, src + j0 * {isz}, ld,"
             f" sx.ctypes.data, blk.ctypes.data + (mb * {mr * plr} + j0) * {isz}, {plr}, {taps}, 0)",
-            f"        for mm in range({mg}):",
-            f"            m = g * {mg} + mm",
-            "            for oh in range(r0, r1):",
-            f"                q = (oh - r0) * {wp}",
-            f"                for ow in range(ow_n):",
-            f"                    p = {_ix(f'oh * {win.ow} + ow')}",
-            f"                    acc = blk[mm, {_ix('q + ow')}]",
-            *_epilogue_lines(body, "                    "),
         ]
+        out += _grid_epilogue(win, mg, wp, body)
     else:
         ldc = nmb * nr
         out += [
