@@ -688,7 +688,6 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     wp = geo.wp
     cs = (rows + geo.halo) * wp + geo.slack
     prange = "numba.prange" if parallel else "range"
-    shifts = [geo.tap_plane[t] * cg * cs + geo.tap_row[t] * wp + geo.tap_col[t] for t in range(taps)]
     out = [f"    wpk = {aw}"] if prepacked else [
         f"    wpk = np.zeros(({group}, {nmb}, {taps}, {cg}, {blk_m}), dtype=np.{dtype})",
         f"    for gm in {prange}({group * mg}):",
@@ -700,12 +699,25 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
         f"                    wpk[g, mm // {blk_m}, i * {win.kw} + j, c, mm % {blk_m}] = {aw}[gm, c, i, j]",
     ]
     wstep = cg * blk_m  # elements of one tap in a packed weight block
+    # The taps' offsets, computed in a loop: a weight-gradient conv has a kernel as large as an
+    # activation (thousands of taps), and one statement per tap made a source numba took minutes
+    # and gigabytes to compile.
+    pidx = [0] * (win.sh * win.sw)
+    for i, (a, b) in enumerate(geo.phases):
+        pidx[a * win.sw + b] = i
     out += [
+        f"    pidx = np.array({pidx!r}, dtype=np.int64)",
         f"    sx = np.empty({taps}, dtype=np.int64)",
         f"    sw = np.empty({taps}, dtype=np.int64)",
+        f"    for i in range({win.kh}):",
+        f"        for j in range({win.kw}):",
+        f"            dy = i * {win.dh}",
+        f"            dx = j * {win.dw}",
+        f"            tp = i * {win.kw} + j",
+        f"            sx[tp] = pidx[(dy % {win.sh}) * {win.sw} + dx % {win.sw}] * {cg * cs} + (dy // {win.sh}) * {wp}"
+        f" + dx // {win.sw}",
+        f"            sw[tp] = tp * {wstep}",
     ]
-    out += [f"    sx[{t}] = {v}" for t, v in enumerate(shifts)]
-    out += [f"    sw[{t}] = {t * wstep}" for t in range(taps)]
     out += [
         f"    for t in {prange}({win.n * group * nblk}):",
         f"        n = t // {group * nblk}",
