@@ -702,11 +702,22 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     # The taps' offsets, computed in a loop: a weight-gradient conv has a kernel as large as an
     # activation (thousands of taps), and one statement per tap made a source numba took minutes
     # and gigabytes to compile.
+    # One loop over the phase planes, their constants read from small arrays: the plane loops
+    # written out once per plane (4 for a stride-2 conv) made a 224x224 stem take 10 s to compile.
+    planes = []
+    for a, b in geo.phases:
+        u0 = min(wp, -(-(win.pw - b) // win.sw)) if win.pw > b else 0  # first grid column inside the input
+        u1 = min(wp, (win.w - 1 + win.pw - b) // win.sw + 1) if win.w - 1 + win.pw - b >= 0 else 0
+        planes.append((a - win.ph, b - win.pw, u0, max(u0, u1)))
     pidx = [0] * (win.sh * win.sw)
     for i, (a, b) in enumerate(geo.phases):
         pidx[a * win.sw + b] = i
     out += [
         f"    pidx = np.array({pidx!r}, dtype=np.int64)",
+        f"    pl_a = np.array({[p[0] for p in planes]!r}, dtype=np.int64)",
+        f"    pl_b = np.array({[p[1] for p in planes]!r}, dtype=np.int64)",
+        f"    pl_u0 = np.array({[p[2] for p in planes]!r}, dtype=np.int64)",
+        f"    pl_u1 = np.array({[p[3] for p in planes]!r}, dtype=np.int64)",
         f"    sx = np.empty({taps}, dtype=np.int64)",
         f"    sw = np.empty({taps}, dtype=np.int64)",
         f"    for i in range({win.kh}):",
@@ -730,30 +741,30 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     # Every element of xp is written once: the input where the grid is inside it, zero elsewhere
     # (padding, rows past the block, and the slack the last calls read past the grid).
     grid_end = (rows + geo.halo) * wp
-    fill: list[str] = []
-    for pi, (a, b) in enumerate(geo.phases):
-        u0 = min(wp, -(-(win.pw - b) // win.sw)) if win.pw > b else 0  # first grid column inside the input
-        u1 = min(wp, (win.w - 1 + win.pw - b) // win.sw + 1) if win.w - 1 + win.pw - b >= 0 else 0
-        u1 = max(u0, u1)
-        fill += [
-            f"for c in range({cg}):",
-            f"    ci = g * {cg} + c",
-            f"    for i in range({rows + geo.halo}):",
-            f"        ih = (r0 + i) * {win.sh} + {a - win.ph}",
-            f"        q = i * {wp}",
-            f"        if i < nrow and ih >= 0 and ih < {win.h}:",
-            f"            for u in range({u0}):",
-            f"                xp[{pi}, c, q + u] = 0.0",
-            f"            for u in range({u0}, {u1}):",
-            f"                xp[{pi}, c, q + u] = {ax}[n, ci, ih, u * {win.sw} + {b - win.pw}]",
-            f"            for u in range({u1}, {wp}):",
-            f"                xp[{pi}, c, q + u] = 0.0",
-            "        else:",
-            f"            for u in range({wp}):",
-            f"                xp[{pi}, c, q + u] = 0.0",
-            f"    for u in range({grid_end}, {cs}):",
-            f"        xp[{pi}, c, u] = 0.0",
-        ]
+    fill: list[str] = [
+        f"for pi in range({nph}):",
+        "    pa = pl_a[pi]",
+        "    pb = pl_b[pi]",
+        "    u0 = pl_u0[pi]",
+        "    u1 = pl_u1[pi]",
+        f"    for c in range({cg}):",
+        f"        ci = g * {cg} + c",
+        f"        for i in range({rows + geo.halo}):",
+        f"            ih = (r0 + i) * {win.sh} + pa",
+        f"            q = i * {wp}",
+        f"            if i < nrow and ih >= 0 and ih < {win.h}:",
+        "                for u in range(u0):",
+        "                    xp[pi, c, q + u] = 0.0",
+        "                for u in range(u0, u1):",
+        f"                    xp[pi, c, q + u] = {ax}[n, ci, ih, u * {win.sw} + pb]",
+        f"                for u in range(u1, {wp}):",
+        "                    xp[pi, c, q + u] = 0.0",
+        "            else:",
+        f"                for u in range({wp}):",
+        "                    xp[pi, c, q + u] = 0.0",
+        f"        for u in range({grid_end}, {cs}):",
+        "            xp[pi, c, u] = 0.0",
+    ]
     fill += ["src = xp.ctypes.data", f"ld = {cs}"]
     # A 1x1 conv copies its block too: read in place (channel stride H*W, 12.5 KB at 56x56) it ran
     # 1x1 64->256 @56 in 0.98 ms against 0.86 copied, the copy's short stride keeping the
