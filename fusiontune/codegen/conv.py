@@ -572,9 +572,6 @@ class PackedGeometry:
     """
 
     phases: tuple[tuple[int, int], ...]  # the planes the taps read, (a, b)
-    tap_plane: tuple[int, ...]  # per tap (kh-major): index into phases
-    tap_row: tuple[int, ...]  # per tap: grid rows below the output row
-    tap_col: tuple[int, ...]  # per tap: grid columns right of the output column
     wp: int  # grid width
     halo: int  # grid rows a block reads past its own
     slack: int  # elements a block reads past its last grid row
@@ -588,9 +585,6 @@ def packed_geometry(win: Window, reach: int) -> PackedGeometry:
     wp = win.ow + max(dx // win.sw for _, dx in taps)
     return PackedGeometry(
         phases,
-        tuple(phases.index((dy % win.sh, dx % win.sw)) for dy, dx in taps),
-        tuple(dy // win.sh for dy, _ in taps),
-        tuple(dx // win.sw for _, dx in taps),
         wp,
         max(dy // win.sh for dy, _ in taps),
         max(dx // win.sw for _, dx in taps) + reach,
@@ -633,7 +627,7 @@ def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None) -> 
     padded work (channels rounded up to the channel block, positions to the position block) over
     the block's measured efficiency (:func:`microkernel.efficiency`), times :data:`LANES_COST` or
     :data:`ROWS_STRIDED_COST`."""
-    wp = win.ow + (win.kw - 1) * win.dw // win.sw
+    wp = packed_geometry(win, 0).wp
     strided = (win.sh, win.sw) != (1, 1)
     best: tuple[float, PackedPlan] | None = None
     for mr, nv in microkernel.blocks():

@@ -96,38 +96,34 @@ def bits_double(typingctx, b):  # type: ignore[no-untyped-def]
     return types.float64(b), codegen
 
 
-@intrinsic
-def fmaximum(typingctx, a, b):  # type: ignore[no-untyped-def]
-    """IEEE 754-2019 maximum of two floats of one type (``llvm.maximum``): NaN if either is NaN.
+def _ieee_minmax(which: str):  # type: ignore[no-untyped-def]
+    """An intrinsic calling ``llvm.<which>`` (``maximum`` / ``minimum``) on two floats of one type."""
 
-    ReduceMax accumulates with it (codegen/rules.py). LLVM vectorizes a reduction over
-    ``llvm.maximum`` without fast-math flags, while the compare-and-select ``v if v > acc else acc``
-    stays scalar unless the select carries ``nnan`` and ``nsz`` (numba puts flags on arithmetic
-    only): 5x faster on a 4 MiB row-max, and NaN propagates by itself.
-    """
-    if not isinstance(a, types.Float) or a != b:
-        return None
+    def typer(typingctx, a, b):  # type: ignore[no-untyped-def]
+        if not isinstance(a, types.Float) or a != b:
+            return None
 
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        t = context.get_value_type(sig.args[0])
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]), f"llvm.maximum.f{sig.args[0].bitwidth}")
-        return builder.call(fn, args)
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            t = context.get_value_type(sig.args[0])
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]), f"llvm.{which}.f{sig.args[0].bitwidth}")
+            return builder.call(fn, args)
 
-    return a(a, a), codegen
+        return a(a, a), codegen
+
+    typer.__name__ = typer.__qualname__ = f"f{which}"  # distinct names for numba's templates
+    return typer
 
 
-@intrinsic
-def fminimum(typingctx, a, b):  # type: ignore[no-untyped-def]
-    """IEEE 754-2019 minimum of two floats of one type (``llvm.minimum``): NaN if either is NaN."""
-    if not isinstance(a, types.Float) or a != b:
-        return None
+fmaximum = intrinsic(_ieee_minmax("maximum"))
+fmaximum.__doc__ = """IEEE 754-2019 maximum of two floats of one type (``llvm.maximum``): NaN if either is NaN.
 
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        t = context.get_value_type(sig.args[0])
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]), f"llvm.minimum.f{sig.args[0].bitwidth}")
-        return builder.call(fn, args)
-
-    return a(a, a), codegen
+ReduceMax accumulates with it (codegen/rules.py). LLVM vectorizes a reduction over
+``llvm.maximum`` without fast-math flags, while the compare-and-select ``v if v > acc else acc``
+stays scalar unless the select carries ``nnan`` and ``nsz`` (numba puts flags on arithmetic
+only): 5x faster on a 4 MiB row-max, and NaN propagates by itself.
+"""
+fminimum = intrinsic(_ieee_minmax("minimum"))
+fminimum.__doc__ = """IEEE 754-2019 minimum of two floats of one type (``llvm.minimum``): NaN if either is NaN."""
 
 
 @intrinsic
