@@ -71,6 +71,9 @@ class KernelSource:
         bytes_moved: the least bytes the kernel must read and write (the roofline numerator).
         flops: floating point operations, approximately (scalar ops x domain points).
         derived: arguments the runtime computes once from constants (:class:`Derived`).
+        params: integers the kernel reads at run time from one more, last argument (an int64
+            array), instead of constants in its source: a kernel that takes its sizes this way
+            serves every shape of its structure with one compile (conv.py's packed kernel).
     """
 
     name: str
@@ -80,25 +83,50 @@ class KernelSource:
     bytes_moved: int
     flops: int
     derived: tuple[Derived, ...] = ()
+    params: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:
         """The kernel cache key: a hash of everything the compiled machine code depends on.
 
-        That is the source, the argument types, numba's version, and the text of every fusiontune
-        module the source imports (directly or through another one): numba's disk cache of a
-        kernel checks only the kernel's own file, so machine code inlined from an edited helper
-        (codegen/blas.py, codegen/numerics.py) would otherwise outlive the edit.
+        That is the source, the argument types (dtype and rank: numba's signature; a size the code
+        depends on is a constant in the source or one of ``params``), numba's version, and the
+        text of every fusiontune module the source imports (directly or through another one):
+        numba's disk cache of a kernel checks only the kernel's own file, so machine code inlined
+        from an edited helper (codegen/blas.py, codegen/numerics.py) would otherwise outlive the
+        edit. ``params`` are not in it: they are data. Two groups of one structure and different
+        sizes share a key, and :attr:`instance` tells them apart.
         """
         h = hashlib.sha256(self.source.encode())
         for a in self.args:
-            h.update(f"{a.shape}{a.dtype}{a.role}".encode())
+            h.update(f"{len(a.shape)}{a.dtype}{a.role}".encode())
+        # a derived argument by what computes it and where it is passed: not by the names of the
+        # values (exporters name one weight differently), nor by its params (a layout the code
+        # depends on is in the source or in ``params``, like any other size)
+        values = [a.value for a in self.args]
         for d in self.derived:
-            h.update(repr(d).encode())
+            h.update(f"{values.index(d.value)} {d.fn}".encode())
         h.update(f"numba {numba.__version__}".encode())
         for name in helper_modules(self.source):
             h.update(f"{name} {_module_digest(name)}".encode())
         return h.hexdigest()[:20]
+
+    @property
+    def instance(self) -> str:
+        """The key plus what a call passes: the argument shapes, the derived arguments' inputs
+        and the runtime ``params`` (a program's identity is its kernels' instances, in order)."""
+        h = hashlib.sha256(self.key.encode())
+        h.update(repr([a.shape for a in self.args]).encode())
+        h.update(repr([(d.source, d.params) for d in self.derived]).encode())
+        h.update(repr(self.params).encode())
+        return h.hexdigest()[:20]
+
+    def call_args(self, buffers: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+        """The arguments of a call: ``buffers`` (one per :attr:`args`), then the ``params`` array
+        when the kernel takes one."""
+        if not self.params:
+            return tuple(buffers)
+        return (*buffers, np.array(self.params, dtype=np.int64))
 
 
 _FUSIONTUNE_IMPORT = re.compile(r"^[ \t]*(?:from|import)[ \t]+(fusiontune(?:\.\w+)*)", re.MULTILINE)
@@ -144,12 +172,15 @@ def numba_type(dtype: str, rank: int) -> str:
     return f"{base}[{dims}]"
 
 
-def signature(args: Sequence[ArgSpec]) -> str:
-    return "void(" + ", ".join(numba_type(a.dtype, len(a.shape)) for a in args) + ")"
+def signature(args: Sequence[ArgSpec], params: bool = False) -> str:
+    types = [numba_type(a.dtype, len(a.shape)) for a in args] + (["int64[::1]"] if params else [])
+    return "void(" + ", ".join(types) + ")"
 
 
-def decorator(args: Sequence[ArgSpec], parallel: bool, reassoc: bool = True) -> str:
+def decorator(args: Sequence[ArgSpec], parallel: bool, reassoc: bool = True, params: bool = False) -> str:
     """The ``@numba.njit`` line: eager signature, disk cache, numpy error model.
+
+    ``params``: the kernel takes :attr:`KernelSource.params` as a last ``int64[::1]`` argument.
 
     ``reassoc`` lets LLVM vectorize float reductions: it reorders sums and products, which
     changes rounding and, for operands near the float limits, can overflow where the written
@@ -157,7 +188,7 @@ def decorator(args: Sequence[ArgSpec], parallel: bool, reassoc: bool = True) -> 
     """
     fm = "{'reassoc', 'contract'}" if reassoc else "False"
     return (
-        f"@numba.njit('{signature(args)}', parallel={parallel}, cache=True, nogil=True,"
+        f"@numba.njit('{signature(args, params)}', parallel={parallel}, cache=True, nogil=True,"
         f" error_model='numpy', fastmath={fm})"
     )
 

@@ -17,6 +17,10 @@ Four algorithms, one epilogue:
   positions (``rows``: the ``wp - ow`` pad columns computed and dropped) or over output channels
   (``lanes``: rows are ``mr`` positions of one output row, nothing computed outside the output
   but channel padding), and the register block, by padded work over measured block efficiency.
+  Its sizes and register block are runtime parameters, not constants of the source
+  (:data:`PACKED_PARAMS`), so the convs of a model that share a layout and an epilogue share one
+  compile: the 846 conv kernels of the 40 real exports (599 of distinct sizes) are 47 compiles,
+  34 of them packed.
 
 * ``im2col``: the output is cut into blocks of whole output rows, one block per (image, group,
   row block) task of a ``prange``. A task copies the input patches of its block into a scratch
@@ -167,6 +171,9 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, stride: tuple[int, int]
     return "packed"
 
 
+_COMMUTATIVE = ("Add", "Mul")
+"""Epilogue ops whose operands are written in a fixed order (IEEE sum and product commute exactly)."""
+
 _LIBM_CALL = re.compile(r"\b(?:np|math)\.(?!sqrt\b|floor\b|ceil\b|float32\b|float64\b|uint64\b|int64\b|abs\b|fabs\b|inf\b|nan\b)\w+\(")
 """A call in an epilogue statement that LLVM cannot vectorize (a libm function: exp, tanh, erf...)."""
 
@@ -284,9 +291,13 @@ def generate_conv_kernel(
     keys = [*inputs, *(epi_key[v] for v in operand_reads), *outputs]
     an = {k: f"a{i}" for i, k in enumerate(keys)}
 
+    full = (win.n, M, P)
+
     def at(key: str) -> str:
-        vn, vm, vp = views[key]
-        return f"{an[key]}[{'n' if vn != 1 else '0'}, {'m' if vm != 1 else '0'}, {'p' if vp != 1 else '0'}]"
+        # index 0 only along a broadcast dimension: a batch of one reads n (always 0) like any
+        # other batch, so that its kernel is the other batches' kernel
+        i = [v if d != 1 or f == 1 else "0" for v, d, f in zip("nmp", views[key], full, strict=True)]
+        return f"{an[key]}[{', '.join(i)}]"
 
     # The epilogue, as statements over locals; `acc` holds the conv result element at (n, m, p).
     var: dict[str, str] = {s: literal(val, low.values[s].dtype) for s, val in low.scalars.items()}
@@ -306,7 +317,10 @@ def generate_conv_kernel(
         dt = low.values[n.outputs[0]].dtype
         lit_dt = dt if dt != "bool" else dtype
         var[n.outputs[0]] = f"v{i}"
-        expr = scalar_expr(n.op, [var[i_] for i_ in n.inputs], {**get_op(n.op).attrs, **n.attrs},
+        operands = [var[i_] for i_ in n.inputs]
+        if n.op in _COMMUTATIVE:  # one source whichever operand order the exporter wrote
+            operands.sort()
+        expr = scalar_expr(n.op, operands, {**get_op(n.op).attrs, **n.attrs},
                            lambda c, d=lit_dt: literal(c, d), dt, approx)
         body.append(f"v{i} = {expr}")
     for o in outputs:
@@ -314,10 +328,12 @@ def generate_conv_kernel(
 
     parallel = win.n * M * P * K >= PARALLEL_MIN_ELEMENTS * 8
     derived: tuple[Derived, ...] = ()
+    params: tuple[int, ...] = ()
     lines = [decorator(args, parallel=parallel, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
     ax, aw = an[x], an[w]
-    # The output row width as a value LLVM cannot see (module docstring, "Index arithmetic").
-    lines.append(f"    ow_n = {an[outputs[0]]}.shape[2] // {win.oh}")
+    if algo != "packed":
+        # The output row width as a value LLVM cannot see (module docstring, "Index arithmetic").
+        lines.append(f"    ow_n = {an[outputs[0]]}.shape[2] // {win.oh}")
     if algo == "im2col":
         rows = int(schedule.get("conv_rows", 0)) or _im2col_rows(win, K, group, np.dtype(dtype).itemsize)
         lines += _im2col_body(win, group, CG, MG, K, min(rows, win.oh), dtype, ax, aw, body, parallel)
@@ -337,11 +353,14 @@ def generate_conv_kernel(
             derived = (packed,)
             shape = (group, -(-MG // plan.block), win.kh * win.kw, CG, plan.block)
             args = [ArgSpec(packed.value, shape, dtype, "in") if a.value == w else a for a in args]
-            lines[0] = decorator(args, parallel=parallel, reassoc=False)
-        lines += _packed_body(win, geo, group, CG, MG, min(rows, win.oh), plan, ax, aw, body, parallel, bool(derived))
+        lines[0] = decorator(args, parallel=parallel, reassoc=False, params=True)
+        lines[1] = f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}, prm):"
+        packed_lines, params = _packed_body(win, geo, group, CG, MG, min(rows, win.oh), plan, ax, aw, body, parallel,
+                                            bool(derived))
+        lines += packed_lines
         # imported by its full name, so that the kernel cache key covers microkernel.py
-        imports = ["from fusiontune.codegen.microkernel import Shape, register",
-                   f"uk = register(Shape({dtype!r}, {uk.mr}, {uk.nv}))"]
+        imports = ["from fusiontune.codegen.microkernel import dispatcher",
+                   f"uk = dispatcher({dtype!r})"]
     else:
         lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
         imports = []
@@ -350,7 +369,7 @@ def generate_conv_kernel(
     source = kernel_header(code, imports) + code
     nbytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in args)
     flops = 2 * win.n * M * P * K + win.n * M * P * (len(epi) + (bias is not None))
-    return KernelSource(name, source, tuple(args), "conv", nbytes, flops, derived)
+    return KernelSource(name, source, tuple(args), "conv", nbytes, flops, derived, params)
 
 
 def _im2col_rows(win: Window, k: int, group: int, itemsize: int) -> int:
@@ -413,16 +432,17 @@ def _im2col_body(win: Window, group: int, cg: int, mg: int, k: int, rows: int, d
     return out
 
 
-def _grid_epilogue(win: Window, mg: int, wp: int, body: Sequence[str]) -> list[str]:
+def _grid_epilogue(mg: int | str, wp: int | str, ow: int | str, body: Sequence[str]) -> list[str]:
     """The epilogue of a task whose block ``blk`` holds ``mg`` channels by the grid positions of
-    output rows ``r0 <= oh < r1`` (row stride ``wp``; the ``wp - ow`` pad columns dropped)."""
+    output rows ``r0 <= oh < r1`` (row stride ``wp``, output row width ``ow``; the ``wp - ow`` pad
+    columns dropped). Each size is a constant or the name of a local."""
     return [
         f"        for mm in range({mg}):",
         f"            m = g * {mg} + mm",
         "            for oh in range(r0, r1):",
         f"                q = (oh - r0) * {wp}",
         "                for ow in range(ow_n):",
-        f"                    p = {_ix(f'oh * {win.ow} + ow')}",
+        f"                    p = {_ix(f'oh * {ow} + ow')}",
         f"                    acc = blk[mm, {_ix('q + ow')}]",
         *_epilogue_lines(body, "                    "),
     ]
@@ -505,7 +525,7 @@ def _shifted_body(win: Window, group: int, cg: int, mg: int, rows: int, wp: int,
             f"            {gemm}({mg}, pl, {cg}, wt[g, tap].ctypes.data, {cg}, xp.ctypes.data + sh * {isz}, cs,"
             " blk.ctypes.data, pl, 0.0 if tap == 0 else 1.0)",
         ]
-    return out + _grid_epilogue(win, mg, wp, body)
+    return out + _grid_epilogue(mg, wp, win.ow, body)
 
 
 DIRECT_TASK_OUTPUTS = 2048
@@ -656,9 +676,16 @@ def pack_weights(w: np.ndarray, group: int, block: int) -> np.ndarray:
     return np.ascontiguousarray(wg.reshape(group, nmb, block, cg, taps).transpose(0, 1, 4, 3, 2))
 
 
+PACKED_PARAMS = ("n", "h", "w", "oh", "ow", "sh", "sw", "dh", "dw", "kh", "kw", "group", "cg", "mg", "rows",
+                 "nblk", "nph", "wp", "halo", "cs", "taps", "nmb", "chunk", "plr", "ldc", "mr", "nr", "blk", "which")
+"""The packed kernel's sizes, in the order of its ``params`` array (read into locals ``k_<name>``);
+the plane tables follow them: ``pidx`` (sh * sw entries), then ``pl_a``, ``pl_b``, ``pl_u0``,
+``pl_u1`` (nph entries each)."""
+
+
 def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int, rows: int,
                  plan: PackedPlan, ax: str, aw: str, body: Sequence[str], parallel: bool,
-                 prepacked: bool) -> list[str]:
+                 prepacked: bool) -> tuple[list[str], tuple[int, ...]]:
     """Any conv as register-blocked micro-kernel calls over shifted views of phase planes.
 
     A task (image, group, block of output rows) copies its rows of the zero-padded input once
@@ -670,6 +697,17 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     one output row by ``nr`` channels (``"lanes"``), into a scratch block that the epilogue then
     reads while it is in cache. The weights are packed (:func:`pack_weights`): once at build time
     when they are a constant (``prepacked``), else on entry.
+
+    Every size is a runtime parameter (:data:`PACKED_PARAMS`), the register block too (the
+    micro-kernel's :func:`~fusiontune.codegen.microkernel.dispatcher` takes its index): the source
+    depends only on the dtype, the layout, whether the stride is 1, where the weights come from,
+    whether it runs in parallel and the epilogue. So one compile serves every conv of a model
+    that shares those: ResNet-18's 20 convs are a handful of kernels. The micro-kernel does the
+    arithmetic, so constant sizes bought nothing; the copy loops and the epilogue vectorize over
+    runtime widths (module docstring).
+
+    Returns:
+        The body's lines, and the parameters.
     """
     uk = plan.uk
     dtype, mr, nr = uk.dtype, uk.mr, uk.nr
@@ -681,23 +719,10 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     nph = len(geo.phases)
     wp = geo.wp
     cs = (rows + geo.halo) * wp + geo.slack
-    prange = "numba.prange" if parallel else "range"
-    out = [f"    wpk = {aw}"] if prepacked else [
-        f"    wpk = np.zeros(({group}, {nmb}, {taps}, {cg}, {blk_m}), dtype=np.{dtype})",
-        f"    for gm in {prange}({group * mg}):",
-        f"        g = gm // {mg}",
-        f"        mm = gm % {mg}",
-        f"        for c in range({cg}):",
-        f"            for i in range({win.kh}):",
-        f"                for j in range({win.kw}):",
-        f"                    wpk[g, mm // {blk_m}, i * {win.kw} + j, c, mm % {blk_m}] = {aw}[gm, c, i, j]",
-    ]
     wstep = cg * blk_m  # elements of one tap in a packed weight block
-    # The taps' offsets, computed in a loop: a weight-gradient conv has a kernel as large as an
-    # activation (thousands of taps), and one statement per tap made a source numba took minutes
-    # and gigabytes to compile.
-    # One loop over the phase planes, their constants read from small arrays: the plane loops
-    # written out once per plane (4 for a stride-2 conv) made a 224x224 stem take 10 s to compile.
+    chunk = max(1, (256 * 1024) // (taps * wstep * isz))  # weight blocks that stay in half of L2
+    plr = -(-(rows * wp) // nr) * nr
+    ldc = nmb * nr
     planes = []
     for a, b in geo.phases:
         u0 = min(wp, -(-(win.pw - b) // win.sw)) if win.pw > b else 0  # first grid column inside the input
@@ -706,103 +731,127 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     pidx = [0] * (win.sh * win.sw)
     for i, (a, b) in enumerate(geo.phases):
         pidx[a * win.sw + b] = i
+    sizes = dict(n=win.n, h=win.h, w=win.w, oh=win.oh, ow=win.ow, sh=win.sh, sw=win.sw, dh=win.dh, dw=win.dw,
+                 kh=win.kh, kw=win.kw, group=group, cg=cg, mg=mg, rows=rows, nblk=nblk, nph=nph, wp=wp,
+                 halo=geo.halo, cs=cs, taps=taps, nmb=nmb, chunk=chunk, plr=plr, ldc=ldc, mr=mr, nr=nr, blk=blk_m,
+                 which=microkernel.block_index(uk))
+    params = tuple(sizes[k] for k in PACKED_PARAMS) + tuple(pidx) + tuple(
+        p[i] for i in range(4) for p in planes)
+    base = len(PACKED_PARAMS)
+    prange = "numba.prange" if parallel else "range"
+    out = [f"    k_{k} = prm[{i}]" for i, k in enumerate(PACKED_PARAMS)]
     out += [
-        f"    pidx = np.array({pidx!r}, dtype=np.int64)",
-        f"    pl_a = np.array({[p[0] for p in planes]!r}, dtype=np.int64)",
-        f"    pl_b = np.array({[p[1] for p in planes]!r}, dtype=np.int64)",
-        f"    pl_u0 = np.array({[p[2] for p in planes]!r}, dtype=np.int64)",
-        f"    pl_u1 = np.array({[p[3] for p in planes]!r}, dtype=np.int64)",
-        f"    sx = np.empty({taps}, dtype=np.int64)",
-        f"    sw = np.empty({taps}, dtype=np.int64)",
-        f"    for i in range({win.kh}):",
-        f"        for j in range({win.kw}):",
-        f"            dy = i * {win.dh}",
-        f"            dx = j * {win.dw}",
-        f"            tp = i * {win.kw} + j",
-        f"            sx[tp] = pidx[(dy % {win.sh}) * {win.sw} + dx % {win.sw}] * {cg * cs} + (dy // {win.sh}) * {wp}"
-        f" + dx // {win.sw}",
-        f"            sw[tp] = tp * {wstep}",
+        "    ow_n = k_ow",
+        f"    pidx = prm[{base}:{base} + k_sh * k_sw]",
+        f"    pl_a = prm[{base} + k_sh * k_sw:]",
+        "    pl_b = pl_a[k_nph:]",
+        "    pl_u0 = pl_b[k_nph:]",
+        "    pl_u1 = pl_u0[k_nph:]",
+    ]
+    out += [f"    wpk = {aw}"] if prepacked else [
+        f"    wpk = np.zeros((k_group, k_nmb, k_taps, k_cg, k_blk), dtype=np.{dtype})",
+        f"    for gm in {prange}(k_group * k_mg):",
+        "        g = gm // k_mg",
+        "        mm = gm % k_mg",
+        "        for c in range(k_cg):",
+        "            for i in range(k_kh):",
+        "                for j in range(k_kw):",
+        f"                    wpk[g, mm // k_blk, i * k_kw + j, c, mm % k_blk] = {aw}[gm, c, i, j]",
+    ]
+    # The taps' offsets, computed in a loop: a weight-gradient conv has a kernel as large as an
+    # activation (thousands of taps).
+    out += [
+        "    sx = np.empty(k_taps, dtype=np.int64)",
+        "    sw = np.empty(k_taps, dtype=np.int64)",
+        "    for i in range(k_kh):",
+        "        for j in range(k_kw):",
+        "            dy = i * k_dh",
+        "            dx = j * k_dw",
+        "            tp = i * k_kw + j",
+        "            sx[tp] = pidx[(dy % k_sh) * k_sw + dx % k_sw] * k_cg * k_cs + (dy // k_sh) * k_wp + dx // k_sw",
+        "            sw[tp] = tp * k_cg * k_blk",
+        "    grid_end = (k_rows + k_halo) * k_wp",
     ]
     out += [
-        f"    for t in {prange}({win.n * group * nblk}):",
-        f"        n = t // {group * nblk}",
-        f"        g = (t // {nblk}) % {group}",
-        f"        r0 = (t % {nblk}) * {rows}",
-        f"        r1 = min(r0 + {rows}, {win.oh})",
-        f"        nrow = r1 - r0 + {geo.halo}",
-        f"        xp = np.empty(({nph}, {cg}, {cs}), dtype=np.{dtype})",
+        f"    for t in {prange}(k_n * k_group * k_nblk):",
+        "        n = t // (k_group * k_nblk)",
+        "        g = (t // k_nblk) % k_group",
+        "        r0 = (t % k_nblk) * k_rows",
+        "        r1 = min(r0 + k_rows, k_oh)",
+        "        nrow = r1 - r0 + k_halo",
+        f"        xp = np.empty((k_nph, k_cg, k_cs), dtype=np.{dtype})",
     ]
     # Every element of xp is written once: the input where the grid is inside it, zero elsewhere
-    # (padding, rows past the block, and the slack the last calls read past the grid).
-    grid_end = (rows + geo.halo) * wp
+    # (padding, rows past the block, and the slack the last calls read past the grid). A unit
+    # stride is written as such, so that the copy of a row is a contiguous one.
+    col = "u + pb" if win.sw == 1 else "u * k_sw + pb"
     fill: list[str] = [
-        f"for pi in range({nph}):",
+        "for pi in range(k_nph):",
         "    pa = pl_a[pi]",
         "    pb = pl_b[pi]",
         "    u0 = pl_u0[pi]",
         "    u1 = pl_u1[pi]",
-        f"    for c in range({cg}):",
-        f"        ci = g * {cg} + c",
-        f"        for i in range({rows + geo.halo}):",
-        f"            ih = (r0 + i) * {win.sh} + pa",
-        f"            q = i * {wp}",
-        f"            if i < nrow and ih >= 0 and ih < {win.h}:",
+        "    for c in range(k_cg):",
+        "        ci = g * k_cg + c",
+        "        xr = xp[pi, c]",
+        "        for i in range(k_rows + k_halo):",
+        "            ih = (r0 + i) * k_sh + pa",
+        "            q = i * k_wp",
+        "            if i < nrow and ih >= 0 and ih < k_h:",
+        f"                xi = {ax}[n, ci, ih]",
         "                for u in range(u0):",
-        "                    xp[pi, c, q + u] = 0.0",
+        f"                    xr[{_ix('q + u')}] = 0.0",
         "                for u in range(u0, u1):",
-        f"                    xp[pi, c, q + u] = {ax}[n, ci, ih, u * {win.sw} + pb]",
-        f"                for u in range(u1, {wp}):",
-        "                    xp[pi, c, q + u] = 0.0",
+        f"                    xr[{_ix('q + u')}] = xi[{_ix(col)}]",
+        "                for u in range(u1, k_wp):",
+        f"                    xr[{_ix('q + u')}] = 0.0",
         "            else:",
-        f"                for u in range({wp}):",
-        "                    xp[pi, c, q + u] = 0.0",
-        f"        for u in range({grid_end}, {cs}):",
-        "            xp[pi, c, u] = 0.0",
+        "                for u in range(k_wp):",
+        f"                    xr[{_ix('q + u')}] = 0.0",
+        "        for u in range(grid_end, k_cs):",
+        "            xr[u] = 0.0",
     ]
-    fill += ["src = xp.ctypes.data", f"ld = {cs}"]
+    fill += ["src = xp.ctypes.data", "ld = k_cs"]
     # A 1x1 conv copies its block too: read in place (channel stride H*W, 12.5 KB at 56x56) it ran
     # 1x1 64->256 @56 in 0.98 ms against 0.86 copied, the copy's short stride keeping the
     # reduction's rows apart in L1.
     out += ["        " + f for f in fill]
     if plan.orient == "rows":
-        plr = -(-(rows * wp) // nr) * nr
-        chunk = max(1, (256 * 1024) // (taps * wstep * isz))  # weight blocks that stay in half of L2
         out += [
-            f"        pl = (r1 - r0) * {wp}",
-            f"        blk = np.empty(({nmb * mr}, {plr}), dtype=np.{dtype})",
-            f"        for mc in range(0, {nmb}, {chunk}):",
-            f"            for j0 in range(0, pl, {nr}):",
-            f"                for mb in range(mc, min(mc + {chunk}, {nmb})):",
-            f"                    uk({cg}, wpk[g, mb].ctypes.data, {mr}, sw.ctypes.data, src + j0 * {isz}, ld,"
-            f" sx.ctypes.data, blk.ctypes.data + (mb * {mr * plr} + j0) * {isz}, {plr}, {taps}, 0)",
+            "        pl = (r1 - r0) * k_wp",
+            f"        blk = np.empty((k_nmb * k_mr, k_plr), dtype=np.{dtype})",
+            "        for mc in range(0, k_nmb, k_chunk):",
+            "            for j0 in range(0, pl, k_nr):",
+            "                for mb in range(mc, min(mc + k_chunk, k_nmb)):",
+            f"                    uk(k_which, k_cg, wpk[g, mb].ctypes.data, k_mr, sw.ctypes.data, src + j0 * {isz}, ld,"
+            f" sx.ctypes.data, blk.ctypes.data + (mb * k_mr * k_plr + j0) * {isz}, k_plr, k_taps, 0)",
         ]
-        out += _grid_epilogue(win, mg, wp, body)
+        out += _grid_epilogue("k_mg", "k_wp", "k_ow", body)
     else:
-        ldc = nmb * nr
         out += [
             # positions (row-major over the block's output rows, width ow) by channels; the last
             # call of a row may spill up to mr - 1 positions into the next row, rewritten after.
             # Weight block outer: each is read from memory once per task and reused from L2 for
             # every position of the block.
-            f"        blk = np.empty(({rows * win.ow + mr}, {ldc}), dtype=np.{dtype})",
-            f"        for mb in range({nmb}):",
+            f"        blk = np.empty((k_rows * k_ow + k_mr, k_ldc), dtype=np.{dtype})",
+            "        for mb in range(k_nmb):",
             "            for oh in range(r0, r1):",
-            f"                for c0 in range(0, {win.ow}, {mr}):",
-            f"                    q = (oh - r0) * {win.ow} + c0",
-            f"                    uk({cg}, src + ((oh - r0) * {wp} + c0) * {isz}, ld, sx.ctypes.data,"
-            f" wpk[g, mb].ctypes.data, {nr}, sw.ctypes.data, blk.ctypes.data + (q * {ldc} + mb * {nr}) * {isz},"
-            f" {ldc}, {taps}, 0)",
+            "                for c0 in range(0, k_ow, k_mr):",
+            "                    q = (oh - r0) * k_ow + c0",
+            f"                    uk(k_which, k_cg, src + ((oh - r0) * k_wp + c0) * {isz}, ld, sx.ctypes.data,"
+            f" wpk[g, mb].ctypes.data, k_nr, sw.ctypes.data, blk.ctypes.data + (q * k_ldc + mb * k_nr) * {isz},"
+            " k_ldc, k_taps, 0)",
             # the epilogue transposes in tiles of 64 positions: a channel's column of the tile is
             # gathered into a contiguous row (64 rows of blk stay in L1), and the epilogue runs
             # over that row and writes the channel's 64 outputs as one run, so LLVM vectorizes it
             # (run down blk's column directly, a GELU epilogue took 28 ns per element)
-            f"        p0 = r0 * {win.ow}",
-            f"        nq = (r1 - r0) * {win.ow}",
+            "        p0 = r0 * k_ow",
+            "        nq = (r1 - r0) * k_ow",
             f"        tile = np.empty(64, dtype=np.{dtype})",
             "        for q0 in range(0, nq, 64):",
             "            q1 = min(q0 + 64, nq)",
-            f"            for mm in range({mg}):",
-            f"                m = g * {mg} + mm",
+            "            for mm in range(k_mg):",
+            "                m = g * k_mg + mm",
             "                for q in range(q0, q1):",
             "                    tile[q - q0] = blk[q, mm]",
             "                for u in range(q1 - q0):",
@@ -810,4 +859,4 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
             "                    acc = tile[u]",
             *_epilogue_lines(body, "                    "),
         ]
-    return out
+    return out, params

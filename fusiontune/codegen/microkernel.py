@@ -104,13 +104,28 @@ def efficiency(mr: int, nv: int) -> float:
 
 def _ir(s: Shape) -> str:
     """LLVM IR text of the micro-kernel for block ``s`` (see the module docstring)."""
+    return _ir_function(s, s.symbol, "") + _ir_declarations(s.dtype)
+
+
+def _ir_declarations(dtype: str) -> str:
+    t = _LLVM_TYPE[dtype]
+    vw = lanes(dtype)
+    vt = f"<{vw} x {t}>"
+    return "\n".join([
+        f"declare {vt} @llvm.fma.v{vw}f{32 if t == 'float' else 64}({vt}, {vt}, {vt})",
+        'attributes #0 = { nounwind "frame-pointer"="none" }',
+    ]) + "\n"
+
+
+def _ir_function(s: Shape, name: str, linkage: str) -> str:
+    """The definition of ``s``'s micro-kernel as function ``name`` with ``linkage``."""
     t = _LLVM_TYPE[s.dtype]
     vt = f"<{s.vw} x {t}>"
     mr, nv, vw = s.mr, s.nv, s.vw
     accs = [(r, v) for r in range(mr) for v in range(nv)]
     zero = "zeroinitializer"
     out = [
-        f"define void @{s.symbol}(i64 %K, i64 %A, i64 %lda, i64 %sa, i64 %B, i64 %ldb, i64 %sb, i64 %C, i64 %ldc,"
+        f"define {linkage}void @{name}(i64 %K, i64 %A, i64 %lda, i64 %sa, i64 %B, i64 %ldb, i64 %sb, i64 %C, i64 %ldc,"
         " i64 %ntaps, i64 %accumulate) #0 {",
         "entry:",
         "  %pa0 = inttoptr i64 %A to ptr",
@@ -186,24 +201,38 @@ def _ir(s: Shape) -> str:
                 val = f"%{label}s_{r}_{v}"
             out.append(f"  store {vt} {val}, ptr %{label}p_{r}_{v}, align 4")
         out.append("  ret void")
-    out += [
-        "}",
-        f"declare {vt} @llvm.fma.v{vw}f{32 if t == 'float' else 64}({vt}, {vt}, {vt})",
-        'attributes #0 = { nounwind "frame-pointer"="none" }',
-    ]
+    out.append("}")
     return "\n".join(out) + "\n"
+
+
+def dispatcher_symbol(dtype: str) -> str:
+    """The symbol of ``dtype``'s dispatching micro-kernel (:func:`dispatcher`)."""
+    return f"fusiontune_ukd_{dtype}_{lanes(dtype)}"
+
+
+def _dispatch_ir(dtype: str) -> str:
+    """One module: every block of :func:`blocks` as an internal function, and the dispatcher that
+    calls block ``which`` (an index into :func:`blocks`) with the other arguments."""
+    names = [f"uk_{mr}x{nv}" for mr, nv in blocks()]
+    out = [_ir_function(Shape(dtype, mr, nv), n, "internal ") for (mr, nv), n in zip(blocks(), names, strict=True)]
+    params = "i64 %K, i64 %A, i64 %lda, i64 %sa, i64 %B, i64 %ldb, i64 %sb, i64 %C, i64 %ldc, i64 %ntaps, i64 %accumulate"
+    cases = " ".join(f"i64 {i}, label %b{i}" for i in range(1, len(names)))
+    body = [f"define void @{dispatcher_symbol(dtype)}(i64 %which, {params}) #0 {{", "entry:",
+            f"  switch i64 %which, label %b0 [ {cases} ]"]
+    for i, n in enumerate(names):
+        body += [f"b{i}:", f"  tail call void @{n}({params})", "  ret void"]
+    body.append("}")
+    return "".join(out) + "\n".join(body) + "\n" + _ir_declarations(dtype)
 
 
 _ENGINES: list[object] = []  # the MCJIT engines own the machine code: keep them for the process
 
 
-@functools.cache
-def register(s: Shape) -> types.ExternalFunction:
-    """Compile the micro-kernel for ``s`` (once per process), register its symbol with LLVM, and
-    return the numba external function that generated kernels call it through."""
+def _jit(ir: str, symbol: str) -> None:
+    """Compile ``ir`` for the host CPU, keep its engine, and register ``symbol`` with LLVM."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    mod = llvm.parse_assembly(_ir(s))
+    mod = llvm.parse_assembly(ir)
     mod.verify()
     target = llvm.Target.from_default_triple()
     tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
@@ -211,8 +240,34 @@ def register(s: Shape) -> types.ExternalFunction:
     engine = llvm.create_mcjit_compiler(mod, tm)
     engine.finalize_object()
     _ENGINES.append(engine)
-    llvm.add_symbol(s.symbol, engine.get_function_address(s.symbol))
+    llvm.add_symbol(symbol, engine.get_function_address(symbol))
+
+
+@functools.cache
+def register(s: Shape) -> types.ExternalFunction:
+    """Compile the micro-kernel for ``s`` (once per process), register its symbol with LLVM, and
+    return the numba external function that generated kernels call it through."""
+    _jit(_ir(s), s.symbol)
     return types.ExternalFunction(s.symbol, types.void(*([types.intp] * 11)))
+
+
+@functools.cache
+def dispatcher(dtype: str) -> types.ExternalFunction:
+    """Every block of ``dtype`` behind one entry point, compiled once per process (0.25 s):
+    ``uk(which, K, A, lda, sa, B, ldb, sb, C, ldc, ntaps, accumulate)`` runs block
+    ``blocks()[which]``.
+
+    A conv kernel that takes its block as a runtime parameter has one source for every block, so
+    the convs of a model share a few compiles (codegen/conv.py); the switch costs one
+    predictable branch per call, against at least ``4 * VW`` FMAs per tap and channel.
+    """
+    _jit(_dispatch_ir(dtype), dispatcher_symbol(dtype))
+    return types.ExternalFunction(dispatcher_symbol(dtype), types.void(*([types.intp] * 12)))
+
+
+def block_index(s: Shape) -> int:
+    """``s``'s ``which`` for :func:`dispatcher`."""
+    return blocks().index((s.mr, s.nv))
 
 
 def assembly(s: Shape) -> str:

@@ -49,6 +49,9 @@ class KernelInfo:
     flops: int
     compile_s: float
     cache: str
+    instance: str = ""
+    """:attr:`KernelSource.instance`: the key plus the shapes and runtime parameters of the call
+    (kernels of one source and different sizes share ``key``)."""
 
 
 @dataclass(frozen=True)
@@ -304,7 +307,7 @@ class Program:
         t0 = time.perf_counter()
         for group, src in sources:
             compiled = compile_kernel(src)
-            args = tuple(self._view(a.value, a.shape) for a in src.args)
+            args = src.call_args([self._view(a.value, a.shape) for a in src.args])
             self._calls.append((compiled.fn, args))
             infos.append(_info(group, src, compiled.seconds, compiled.source, compiled.key))
         self.compile_s = time.perf_counter() - t0
@@ -380,7 +383,7 @@ class Program:
 
 
 def _info(group: Group, src: KernelSource, seconds: float, cache: str, key: str) -> KernelInfo:
-    return KernelInfo(group.name, group.nodes, src.kind, key, src.bytes_moved, src.flops, seconds, cache)
+    return KernelInfo(group.name, group.nodes, src.kind, key, src.bytes_moved, src.flops, seconds, cache, src.instance)
 
 
 def build_program(fused: FusedGraph) -> Program:

@@ -41,10 +41,11 @@ from fusiontune.workloads import Workload
 
 
 def fused_fingerprint(fused: FusedGraph) -> str:
-    """Hash of the program a fused graph becomes: every kernel's source key, in order."""
+    """Hash of the program a fused graph becomes: every kernel's instance (source key, shapes and
+    runtime parameters), in order."""
     h = hashlib.sha256()
     for _group, src in group_sources(fused):
-        h.update(src.key.encode())
+        h.update(src.instance.encode())
         h.update(b"|")
     return h.hexdigest()[:16]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fusiontune.codegen import NotFusable, kernel_source
-from fusiontune.codegen.conv import choose_conv_algo
+from fusiontune.codegen.conv import PACKED_PARAMS, choose_conv_algo
 from fusiontune.ir import Graph, GraphBuilder, Tensor, run_graph
 from fusiontune.passes.fused_graph import FusedGraph, Group
 from fusiontune.runtime import build_program
@@ -177,6 +177,46 @@ def test_packed_conv_packs_constant_weights_once_and_input_weights_per_call() ->
     src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "packed"})
     assert src.derived == ()
     _check(graph, {"conv_algo": "packed"})
+
+
+@pytest.mark.parametrize("orient", ["rows", "lanes"])
+def test_packed_convs_of_one_structure_share_one_kernel(orient: str) -> None:
+    """The packed kernel takes its sizes and register block at run time: convs that differ in
+    channels, size, kernel, padding, dilation, group or block but share the epilogue, the layout
+    and unit stride are one source (one compile); each still matches the reference, and each is
+    its own instance (what a program's hash sees). A strided conv is another source."""
+    cases = [
+        ((2, 5, 9, 8), (6, 5, 3, 3), {"pads": (1, 1, 1, 1)}),
+        ((1, 16, 7, 7), (40, 16, 1, 1), {}),
+        ((2, 6, 9, 9), (9, 2, 3, 3), {"group": 3, "dilations": (2, 1), "pads": (2, 1, 2, 1)}),
+        ((1, 3, 12, 13), (4, 3, 5, 5), {"pads": (2, 2, 2, 2)}),
+    ]
+    srcs = []
+    for xs, ws, attrs in cases:
+        def build(g: GraphBuilder, xs=xs, ws=ws, attrs=attrs) -> Tensor:
+            return g.relu(g.op("Conv", g.input("x", xs), _const(g, ws, 1), _const(g, (ws[0],), 2), **attrs))
+
+        graph = _graph(build)
+        schedule = {"conv_algo": "packed", "conv_orient": orient}
+        srcs.append(kernel_source(graph, [n.name for n in graph.nodes], schedule))
+        _check(graph, schedule)
+    assert len({s.key for s in srcs}) == 1
+    assert len({s.params for s in srcs}) == len({s.instance for s in srcs}) == len(cases)
+    blocks = {s.params[PACKED_PARAMS.index("which")] for s in srcs}
+    assert len(blocks) > 1  # the planner chose different register blocks, still one source
+    strided = _graph(lambda g: g.op("Conv", g.input("x", (1, 5, 9, 8)), _const(g, (6, 5, 3, 3), 1),
+                                    _const(g, (6,), 2), strides=(2, 2)))
+    assert kernel_source(strided, [n.name for n in strided.nodes], schedule).key != srcs[0].key
+
+
+def test_conv_rows_change_the_instance_not_the_kernel() -> None:
+    """``conv_rows`` is a runtime parameter of the packed kernel: another split is another program
+    (its hash differs, so a sweep measures it) that needs no compile."""
+    graph = _graph(lambda g: g.relu(g.op("Conv", g.input("x", (1, 8, 12, 12)), _const(g, (8, 8, 3, 3), 1),
+                                         pads=(1, 1, 1, 1))))
+    one, two = (kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "packed", "conv_rows": r})
+                for r in (1, 2))
+    assert one.key == two.key and one.instance != two.instance
 
 
 def test_unknown_conv_algo_is_an_error() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 import pytest
@@ -22,30 +24,55 @@ def _call(shape: microkernel.Shape):  # type: ignore[no-untyped-def]
     return call
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("block", [(8, 3), (7, 2), (1, 8)])
-def test_microkernel_matches_numpy(dtype: str, block: tuple[int, int]) -> None:
+def _dispatched(dtype: str):  # type: ignore[no-untyped-def]
+    uk = microkernel.dispatcher(dtype)
+
+    @numba.njit
+    def call(which, k, a, lda, sa, b, ldb, sb, c, ldc, ntaps, accumulate):  # type: ignore[no-untyped-def]
+        uk(which, k, a.ctypes.data, lda, sa.ctypes.data, b.ctypes.data, ldb, sb.ctypes.data, c.ctypes.data, ldc,
+           ntaps, accumulate)
+
+    return call
+
+
+def _check_block(shape: microkernel.Shape, call) -> None:  # type: ignore[no-untyped-def]
     """Strided, shifted operands over several taps, overwrite then accumulate."""
-    shape = microkernel.Shape(dtype, *block)
-    mr, nr = shape.mr, shape.nr
+    dtype, mr, nr = shape.dtype, shape.mr, shape.nr
     rng = np.random.default_rng(0)
     k, ntaps, lda, ldb, ldc = 13, 3, mr + 5, nr + 7, nr + 3
     a = rng.standard_normal(4096).astype(dtype)
     b = rng.standard_normal(4096).astype(dtype)
     sa = np.array([0, 17, 1000], dtype=np.int64)
     sb = np.array([5, 0, 2000], dtype=np.int64)
-    c = np.full((mr, ldc), np.nan, dtype=dtype)
+    c = np.full((mr + 1, ldc), np.nan, dtype=dtype)
     want = np.zeros((mr, nr))
     for t in range(ntaps):
         for kk in range(k):
             want += np.outer(a[sa[t] + kk * lda: sa[t] + kk * lda + mr], b[sb[t] + kk * ldb: sb[t] + kk * ldb + nr])
-    call = _call(shape)
     call(k, a, lda, sa, b, ldb, sb, c, ldc, ntaps, 0)
     tol = 1e-5 if dtype == "float32" else 1e-12
-    np.testing.assert_allclose(c[:, :nr], want, rtol=tol, atol=tol * 10)
-    assert np.isnan(c[:, nr:]).all()  # nothing past the block is written
+    np.testing.assert_allclose(c[:mr, :nr], want, rtol=tol, atol=tol * 10)
+    assert np.isnan(c[:mr, nr:]).all() and np.isnan(c[mr:]).all()  # nothing past the block is written
     call(k, a, lda, sa, b, ldb, sb, c, ldc, ntaps, 1)
-    np.testing.assert_allclose(c[:, :nr], 2 * want, rtol=tol, atol=tol * 20)
+    np.testing.assert_allclose(c[:mr, :nr], 2 * want, rtol=tol, atol=tol * 20)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("block", [(8, 3), (7, 2), (1, 8)])
+def test_microkernel_matches_numpy(dtype: str, block: tuple[int, int]) -> None:
+    shape = microkernel.Shape(dtype, *block)
+    _check_block(shape, _call(shape))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dispatcher_runs_the_block_it_is_given(dtype: str) -> None:
+    """Index ``which`` of the dispatching entry point is block ``blocks()[which]``, for every block
+    (a wrong case in its switch computes another block's rows and columns, which this sees)."""
+    call = _dispatched(dtype)
+    for which, (mr, nv) in enumerate(microkernel.blocks()):
+        shape = microkernel.Shape(dtype, mr, nv)
+        assert microkernel.block_index(shape) == which
+        _check_block(shape, functools.partial(call, which))
 
 
 def test_blocks_fit_the_registers_and_shape_symbols_differ() -> None:
