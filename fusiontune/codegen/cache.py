@@ -2,7 +2,8 @@
 
 Layout. Each kernel's module is written once to ``<cache dir>/k_<key>.py``; ``key``
 (:attr:`KernelSource.key`) hashes the source, the argument types, numba's version and the text of
-the fusiontune modules the source imports, and shapes are literals in the source. Its function
+the fusiontune modules the source imports (sizes are literals in the source, or runtime
+parameters the code reads from an argument). Its function
 carries ``cache=True`` and an eager signature, so numba compiles it at import and keeps the
 machine code in an index (``.nbi``) and data files (``.nbc``) in ``__pycache__`` beside the
 module; ``k_<key>.sums.json`` records their sha256 digests. A kernel that appears in many
@@ -19,7 +20,8 @@ is not trusted.
 
 Quarantine. Any damage -- a ``.py`` that differs from its source, a digest mismatch, machine code
 without a digest, or an exception out of the import -- moves the entry's files into
-``<cache dir>/quarantine/<time>-<pid>-<random>/`` (with ``reason.txt``), logs one warning naming
+``<cache dir>/quarantine/<time>-<pid>-<random>/`` (with ``reason.txt``; a module found intact
+stays, with the file stamp numba's index keeps), logs one warning naming
 the entry, and compiles the kernel again from its in-memory source. A damaged entry never reaches
 the caller as an exception; a kernel that fails to compile from a clean state does (that is a bug
 in the generated code, not in the cache).
@@ -49,7 +51,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numba
@@ -160,6 +162,7 @@ class _Entry:
         machine: numba's index and data files among ``files``.
         recorded: whether a digest file existed.
         damage: why the entry cannot be used, or ``""``.
+        module_ok: the module itself is this kernel's text (the damage, if any, is elsewhere).
     """
 
     py: Path
@@ -167,6 +170,7 @@ class _Entry:
     machine: tuple[Path, ...] = ()
     recorded: bool = False
     damage: str = ""
+    module_ok: bool = False
 
 
 def _sha256(data: bytes) -> str:
@@ -246,13 +250,14 @@ def _look(py: Path, text: str) -> _Entry:
         except FileNotFoundError:
             del files[py]  # quarantined by another process since the stat: nothing to judge
     recorded = _sums_path(py) in files
+    module_ok = py in files and not damage
     try:
         sums = _read_sums(py)
     except ValueError as e:
-        return _Entry(py, files, tuple(machine), recorded, damage or f"unreadable digests ({e})")
+        return _Entry(py, files, tuple(machine), recorded, damage or f"unreadable digests ({e})", module_ok)
     if not damage:
         damage = _machine_damage(machine, sums or {})
-    return _Entry(py, files, tuple(machine), recorded, damage)
+    return _Entry(py, files, tuple(machine), recorded, damage, module_ok)
 
 
 def _machine_damage(machine: list[Path], sums: Mapping[str, str]) -> str:
@@ -386,6 +391,12 @@ def _load_healing(src: KernelSource) -> Callable[..., None]:
     for _ in range(_ATTEMPTS):
         entry = _look_patiently(py, text)
         if entry.damage:
+            if entry.module_ok:
+                # Only the machine code or its digests: the module stays. Moved and written again,
+                # it would get a new mtime, and numba's index records the module's (mtime, size)
+                # when it saves: a process that had already read the old module could then save
+                # an index every later process finds stale, and recompiles.
+                entry = replace(entry, files={p: i for p, i in entry.files.items() if p != py})
             _heal(entry, entry.damage)
             continue  # look again: another process may have written the entry meanwhile
         _write_once(py, text)
