@@ -78,6 +78,7 @@ FOCUS: dict[str, tuple[str, str | None]] = {
     "ConvBatchnormFusionPass": ("conv", "bn"),
     "ConvBiasAddFusionPass": ("conv", "bias"),
     "TbeConvElemwiseFusionPass": ("conv", "relu"),
+    "TbeElemwiseConvFusionPass": ("conv", "prologue"),
     "ConvOutputSplitFusionPass": ("conv", "relu"),
     "FlashAttentionFusionPass": ("attention", "mask"),
     "RotaryPositionEmbeddingFusionPass": ("pattern", "rotary"),
@@ -386,6 +387,13 @@ class _Writer:
         x = g.reshape(t, (1, r, 1, c))
         group = r if self.draw(st.booleans()) else 1
         w = self.const((r, r // group, 1, 3), scale=1.0 / np.sqrt(3 * r // group))
+        if kind == "prologue":  # only when asked: a per-channel scale, or BatchNorm + Relu, before it
+            if self.draw(st.booleans()):
+                x = g.mul(x, self.const((1, r, 1, 1)))
+            else:
+                p = [self.const((r, 1, 1), positive=True), self.const((r, 1, 1)), self.const((r, 1, 1)),
+                     self.const((r, 1, 1), positive=True)]
+                x = g.relu(g.op("BatchNorm", x, *p))
         y = g.op("Conv", x, w, pads=(0, 1, 0, 1), group=group)
         kind = self.pick(["bn", "bias", "relu", "residual"], kind)
         if kind == "bn" or self.draw(st.booleans()):

@@ -99,6 +99,13 @@ The epilogue: every other node of the group is an elementwise op of ``rules.SCAL
 (bias, Relu, Clip, LeakyRelu, HardSwish, a residual Add of a same-shape tensor, an unfolded
 BatchNorm...) over values that broadcast to the conv output as (N or 1, M or 1, all spatial or
 none). ``math="approx"`` writes its transcendentals as codegen/numerics.py's approximations.
+
+The prologue (TbeElemwiseConvFusionPass): elementwise ops that compute the Conv's input from
+tensors of its shape and per-channel values (an unfolded BatchNorm + Relu, a squeeze-and-excite
+gate's scale) run in the packed kernel's input copy, on each element as it is copied into the
+phase planes; per-channel values are computed once per image and channel. The padding stays zero
+(the Conv pads the prologue's result). A kernel with a prologue always runs packed: the other
+algorithms copy no input, so the rule refuses a prologue where it would pick one of them.
 """
 
 from __future__ import annotations
@@ -201,19 +208,125 @@ def _epilogue_view(shape: Shape, out: Shape) -> tuple[int, int, int] | None:
     return (s[0], s[1], pv)
 
 
-def _find_conv(low: Lowered) -> tuple[Node, list[Node]]:
+def _find_conv(low: Lowered) -> tuple[Node, list[Node], list[Node]]:
+    """The group's Conv, its prologue (the nodes that compute its input) and its epilogue."""
     convs = [n for n in low.nodes if n.op == "Conv"]
     if len(convs) != 1:
         raise NotFusable("a conv kernel holds exactly one Conv")
     conv = convs[0]
-    epi = [n for n in low.nodes if n is not conv]
-    produced = {o for n in epi for o in n.outputs}
-    if any(i in produced for i in conv.inputs):
-        raise NotFusable("a conv kernel has no prologue: the Conv's inputs come from outside")
+    producer = {o: n for n in low.nodes for o in n.outputs}
+    ahead: set[str] = set()  # names of the nodes the Conv's input is computed by
+    todo = [conv.inputs[0]] if conv.inputs[0] in producer else []
+    while todo:
+        node = producer[todo.pop()]
+        if node.name not in ahead:
+            ahead.add(node.name)
+            todo += [i for i in node.inputs if i in producer]
+    pro = [n for n in low.nodes if n.name in ahead]
+    epi = [n for n in low.nodes if n is not conv and n.name not in ahead]
+    produced = {o for n in low.nodes for o in n.outputs}
+    if any(i in produced for i in conv.inputs[1:]):
+        raise NotFusable("a conv kernel computes no weights or bias: they come from outside")
+    for n in pro:
+        if n.op not in SCALAR_RULES:
+            raise NotFusable(f"{n.op} cannot be a Conv prologue")
     for n in epi:
         if n.op not in SCALAR_RULES:
             raise NotFusable(f"{n.op} cannot be a Conv epilogue")
-    return conv, epi
+    return conv, pro, epi
+
+
+@dataclass(frozen=True)
+class Fill:
+    """How the packed kernel's input copy computes an element (see :func:`_packed_body`).
+
+    ``rows``: statements run per input row (locals ``n``, ``ci``, ``ih``), ``chan``: per image and
+    input channel (``n``, ``ci``), ``elem``: per element (``COL``: its column in the row), and
+    ``value``: the element the Conv reads. Without a prologue that is the input's own element.
+    """
+
+    rows: list[str]
+    chan: list[str]
+    elem: list[str]
+    value: str
+
+
+def _prologue_fill(low: Lowered, pro: Sequence[Node], x: str, full: Sequence[str], chan: Sequence[str],
+                   views: Mapping[str, Shape], an: Mapping[str, str], nc: tuple[int, int], dtype: str,
+                   approx: bool) -> Fill:
+    """The input copy of a kernel with a prologue: each element the Conv reads is the prologue
+    applied to the inputs' elements at its position, computed as it is copied."""
+    var: dict[str, str] = {s: literal(val, low.values[s].dtype) for s, val in low.scalars.items()}
+    rows, elem, loads = [], [], []
+    for k, v in enumerate(full):
+        rows.append(f"xi{k} = {an[v]}[n, ci, ih]")
+        var[v] = f"r_{an[v]}"
+        elem.append(f"r_{an[v]} = xi{k}[COL]")
+    for v in chan:
+        idx = [i if d != 1 or f == 1 else "0" for i, d, f in zip(("n", "ci"), views[v], nc, strict=True)]
+        loads.append(f"c_{an[v]} = {an[v]}[{', '.join(idx)}]")
+        var[v] = f"c_{an[v]}"
+    per_channel = set(chan)  # values with one element per image and channel
+    for i, n in enumerate(pro):
+        operands = [var[i_] for i_ in n.inputs]
+        if n.op in _COMMUTATIVE:
+            operands.sort()
+        expr = scalar_expr(n.op, operands, {**get_op(n.op).attrs, **n.attrs}, lambda c: literal(c, dtype),
+                           dtype, approx)
+        var[n.outputs[0]] = f"p{i}"
+        if all(i_ in per_channel or i_ in low.scalars for i_ in n.inputs):
+            per_channel.add(n.outputs[0])
+            loads.append(f"p{i} = {expr}")  # once per image and channel (a squeeze-and-excite gate)
+        else:
+            elem.append(f"p{i} = {expr}")
+    return Fill(rows, loads, elem, var[x])
+
+
+def _prologue(low: Lowered, pro: Sequence[Node], conv: Node, epi: Sequence[Node], outputs: Sequence[str],
+              approx: bool) -> tuple[list[str], list[str], dict[str, Shape], list[str]]:
+    """The prologue's inputs and statements (see :func:`_packed_body`'s fill).
+
+    Returns:
+        The full-shape inputs (read row by row, as the Conv's input would be), the per-channel
+        inputs (one value per image and channel, or per channel), every input's view, and the
+        statements that compute ``pv`` (the Conv's input element) from ``r_<input>`` (a full
+        input's element) and ``c_<input>`` (a per-channel input's value).
+    """
+    x = conv.inputs[0]
+    xshape = low.values[x].shape
+    dtype = low.values[x].dtype
+    made = {o for n in pro for o in n.outputs}
+    if len(xshape) != 4:
+        raise NotFusable("a Conv prologue needs a 2-D conv")
+    for n in pro:
+        for o in n.outputs:
+            view = _epilogue_view(low.values[o].shape, xshape)
+            if low.values[o].dtype != dtype or view is None or (low.values[o].shape != xshape and view[2] != 1):
+                raise NotFusable("a Conv prologue is elementwise over the Conv's input (or per channel), in its dtype")
+    if any(o in made for o in outputs) or any(i in made for n in epi for i in n.inputs):
+        raise NotFusable("a Conv prologue's values are read by the Conv alone")
+    ins = [v for v in dict.fromkeys(i for n in pro for i in n.inputs) if v not in made and v not in low.scalars]
+    if any(v in conv.inputs or any(v in n.inputs for n in epi) for v in ins):
+        raise NotFusable("a Conv prologue's inputs are not read by the Conv or its epilogue")
+    full: list[str] = []
+    chan: list[str] = []
+    views: dict[str, Shape] = {}
+    for v in ins:
+        shape = low.values[v].shape
+        view = _epilogue_view(shape, xshape)
+        if low.values[v].dtype != dtype or view is None:
+            raise NotFusable(f"prologue input {v} {shape} is not the Conv input's shape or per channel")
+        if tuple(shape) == tuple(xshape):
+            full.append(v)
+            views[v] = tuple(xshape)
+        elif view[2] == 1:
+            chan.append(v)
+            views[v] = view[:2]
+        else:
+            raise NotFusable(f"prologue input {v} {shape} is not the Conv input's shape or per channel")
+    if not full:
+        raise NotFusable("a Conv prologue reads a tensor of the Conv input's shape")
+    return full, chan, views, [n.name for n in pro]
 
 
 def generate_conv_kernel(
@@ -241,7 +354,7 @@ def generate_conv_kernel(
         ValueError: an unknown ``conv_algo``.
     """
     schedule = schedule or {}
-    conv, epi = _find_conv(low)
+    conv, pro, epi = _find_conv(low)
     x, w = conv.inputs[0], conv.inputs[1]
     bias = conv.inputs[2] if len(conv.inputs) == 3 else None
     y = conv.outputs[0]
@@ -262,6 +375,14 @@ def generate_conv_kernel(
     algo = schedule.get("conv_algo") or choose_conv_algo(CG, MG, win.kh, win.kw, (win.sh, win.sw), group, P)
     if algo not in CONV_ALGOS:
         raise ValueError(f"schedule conv_algo={algo!r}: expected one of {CONV_ALGOS}")
+    pro_full: list[str] = []
+    pro_chan: list[str] = []
+    pro_views: dict[str, Shape] = {}
+    if pro:
+        if "conv_algo" not in schedule and algo != "packed":
+            raise NotFusable(f"a Conv prologue runs in the packed kernel's input copy ({algo} makes none)")
+        algo = "packed"  # whatever a schedule asks: only the packed kernel copies its input
+        pro_full, pro_chan, pro_views, _ = _prologue(low, pro, conv, epi, outputs, approx)
     if algo == "shifted" and (win.sh, win.sw) != (1, 1):
         algo = "im2col"  # the shifted views need unit stride; a schedule asking for it gets im2col
 
@@ -272,11 +393,11 @@ def generate_conv_kernel(
     for o in outputs:
         if low.values[o].shape != oshape:
             raise NotFusable(f"output {o} is not of the Conv's shape")
-    operands = {x, w} | ({bias} if bias else set())
+    operands = {x, w} | ({bias} if bias else set()) | set(pro_views)
     ext = [v for v in inputs if v not in operands]
     operand_reads = [v for v in dict.fromkeys(conv.inputs) if any(v in n.inputs for n in epi)]
     epi_key = {v: f"{v}#epilogue" for v in operand_reads}
-    views: dict[str, Shape] = {x: (win.n, win.c, win.h, win.w)}
+    views: dict[str, Shape] = {x: (win.n, win.c, win.h, win.w), **pro_views}
     views[w] = (group, MG, K) if algo == "im2col" else (M, CG, win.kh, win.kw)
     if bias is not None:
         views[bias] = (M,)
@@ -330,7 +451,10 @@ def generate_conv_kernel(
     derived: tuple[Derived, ...] = ()
     params: tuple[int, ...] = ()
     lines = [decorator(args, parallel=parallel, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
-    ax, aw = an[x], an[w]
+    ax, aw = an.get(x, ""), an[w]
+    fill = Fill([f"xi0 = {ax}[n, ci, ih]"], [], [], "xi0[COL]")
+    if pro:
+        fill = _prologue_fill(low, pro, x, pro_full, pro_chan, pro_views, an, (win.n, win.c), dtype, approx)
     if algo != "packed":
         # The output row width as a value LLVM cannot see (module docstring, "Index arithmetic").
         lines.append(f"    ow_n = {an[outputs[0]]}.shape[2] // {win.oh}")
@@ -355,8 +479,8 @@ def generate_conv_kernel(
             args = [ArgSpec(packed.value, shape, dtype, "in") if a.value == w else a for a in args]
         lines[0] = decorator(args, parallel=parallel, reassoc=False, params=True)
         lines[1] = f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}, prm):"
-        packed_lines, params = _packed_body(win, geo, group, CG, MG, min(rows, win.oh), plan, ax, aw, body, parallel,
-                                            bool(derived))
+        packed_lines, params = _packed_body(win, geo, group, CG, MG, min(rows, win.oh), plan, fill, aw, body,
+                                            parallel, bool(derived))
         lines += packed_lines
         # imported by its full name, so that the kernel cache key covers microkernel.py
         imports = ["from fusiontune.codegen.microkernel import dispatcher",
@@ -365,10 +489,11 @@ def generate_conv_kernel(
         lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
         imports = []
     code = "\n".join(lines) + "\n"
-    code = code.replace("IX(", "(" if any(_LIBM_CALL.search(b) for b in body) else "numba.uint64(")
+    code = code.replace("IX(", "(" if any(_LIBM_CALL.search(b) for b in (*body, *fill.elem)) else "numba.uint64(")
     source = kernel_header(code, imports) + code
     nbytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in args)
     flops = 2 * win.n * M * P * K + win.n * M * P * (len(epi) + (bias is not None))
+    flops += win.n * win.c * win.h * win.w * len(pro)
     return KernelSource(name, source, tuple(args), "conv", nbytes, flops, derived, params)
 
 
@@ -684,7 +809,7 @@ the plane tables follow them: ``pidx`` (sh * sw entries), then ``pl_a``, ``pl_b`
 
 
 def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int, rows: int,
-                 plan: PackedPlan, ax: str, aw: str, body: Sequence[str], parallel: bool,
+                 plan: PackedPlan, fill_with: Fill, aw: str, body: Sequence[str], parallel: bool,
                  prepacked: bool) -> tuple[list[str], tuple[int, ...]]:
     """Any conv as register-blocked micro-kernel calls over shifted views of phase planes.
 
@@ -784,7 +909,9 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     # Every element of xp is written once: the input where the grid is inside it, zero elsewhere
     # (padding, rows past the block, and the slack the last calls read past the grid). A unit
     # stride is written as such, so that the copy of a row is a contiguous one.
-    col = "u + pb" if win.sw == 1 else "u * k_sw + pb"
+    # A prologue (:class:`Fill`) is applied here, to each element as it is copied: the padding
+    # stays zero, as the Conv pads the prologue's result.
+    col = _ix("u + pb" if win.sw == 1 else f"u * {win.sw} + pb")
     fill: list[str] = [
         "for pi in range(k_nph):",
         "    pa = pl_a[pi]",
@@ -793,16 +920,18 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
         "    u1 = pl_u1[pi]",
         "    for c in range(k_cg):",
         "        ci = g * k_cg + c",
+        *("        " + s for s in fill_with.chan),
         "        xr = xp[pi, c]",
         "        for i in range(k_rows + k_halo):",
         "            ih = (r0 + i) * k_sh + pa",
         "            q = i * k_wp",
         "            if i < nrow and ih >= 0 and ih < k_h:",
-        f"                xi = {ax}[n, ci, ih]",
+        *("                " + s for s in fill_with.rows),
         "                for u in range(u0):",
         f"                    xr[{_ix('q + u')}] = 0.0",
         "                for u in range(u0, u1):",
-        f"                    xr[{_ix('q + u')}] = xi[{_ix(col)}]",
+        *("                    " + s.replace("COL", col) for s in fill_with.elem),
+        f"                    xr[{_ix('q + u')}] = {fill_with.value.replace('COL', col)}",
         "                for u in range(u1, k_wp):",
         f"                    xr[{_ix('q + u')}] = 0.0",
         "            else:",

@@ -205,6 +205,10 @@ PASSES: tuple[PassInfo, ...] = (
     _p("TbeEltwiseFusionPass", ("basic_ops_fusion",), UB_FUSION, "ub_basic",
        f"{_U}.eltwise:eltwise_fusion",
        "basic fusion: chains of simple elementwise ops -> one kernel"),
+    # After basic fusion: it takes a chain (BatchNorm + Relu) as one producer group.
+    _p("TbeElemwiseConvFusionPass", ("elemwise_conv_fusion",), UB_FUSION, "ub_basic",
+       f"{_U}.conv_prologue:elemwise_conv_fusion",
+       "Conv kernel computes its input with the elementwise ops before it (BatchNorm + Relu, an SE gate's scale) as it copies it"),
     _p("CompositeOpsFusionPass", ("composite_ops_fusion",), UB_FUSION, "ub_composite",
        f"{_U}.composite:composite_fusion",
        "composite fusion: groups absorb reductions, transcendental ops and neighbouring groups"),

@@ -125,16 +125,72 @@ def test_conv_epilogue_approx_math_stays_close() -> None:
     _check(graph, {"math": "approx"})
 
 
-def test_conv_kernel_refuses_3d_prologue_and_partial_broadcast() -> None:
+def test_conv_kernel_refuses_3d_prologues_it_cannot_run_and_partial_broadcast() -> None:
     g3 = _graph(lambda g: g.op("Conv", g.input("x", (1, 2, 4, 4, 4)), _const(g, (2, 2, 1, 1, 1), 1)))
     with pytest.raises(NotFusable, match="3-D"):
         kernel_source(g3, [n.name for n in g3.nodes])
-    pro = _graph(lambda g: g.op("Conv", g.relu(g.input("x", (1, 2, 4, 4))), _const(g, (2, 2, 1, 1), 1)))
-    with pytest.raises(NotFusable, match="prologue"):
-        kernel_source(pro, [n.name for n in pro.nodes])
+
+    def shared(g: GraphBuilder) -> tuple[Tensor, ...]:  # the prologue's result is read outside
+        r = g.relu(g.input("x", (1, 2, 4, 4)))
+        return g.op("Conv", r, _const(g, (2, 2, 1, 1), 1)), r
+
+    def twice(g: GraphBuilder) -> Tensor:  # the prologue's input is read by the epilogue too
+        x = g.input("x", (1, 2, 4, 4))
+        return g.add(g.op("Conv", g.relu(x), _const(g, (2, 2, 1, 1), 1)), x)
+
+    def reduced(g: GraphBuilder) -> Tensor:  # not elementwise
+        return g.op("Conv", g.op("Softmax", g.input("x", (1, 2, 4, 4)), axis=1), _const(g, (2, 2, 1, 1), 1))
+
+    for build, words in ((shared, "read by the Conv alone"), (twice, "not read by the Conv or its epilogue"),
+                         (reduced, "cannot be a Conv prologue")):
+        pro = _graph(build)
+        with pytest.raises(NotFusable, match=words):
+            kernel_source(pro, [n.name for n in pro.nodes])
     part = _graph(lambda g: g.add(g.op("Conv", g.input("x", (1, 2, 4, 4)), _const(g, (2, 2, 1, 1), 1)), g.input("r", (4, 1))))
     with pytest.raises(NotFusable, match="broadcast"):
         kernel_source(part, [n.name for n in part.nodes])
+
+
+# (x shape, w shape, attrs): a prologue over each geometry the packed kernel's copy handles
+PROLOGUE_GRID = {
+    "1x1": ((2, 6, 5, 7), (8, 6, 1, 1), {}),
+    "3x3_pad1": ((2, 5, 9, 8), (6, 5, 3, 3), {"pads": (1, 1, 1, 1)}),
+    "3x3_s2_asym": ((1, 4, 10, 9), (8, 4, 3, 3), {"strides": (2, 2), "pads": (0, 1, 1, 0)}),
+    "group3_dilated": ((2, 6, 9, 9), (9, 2, 3, 3), {"group": 3, "dilations": (2, 1), "pads": (2, 1, 2, 1)}),
+}
+
+
+@pytest.mark.parametrize("schedule", [{}, {"conv_orient": "lanes"}, {"conv_orient": "rows", "conv_rows": 2},
+                                      {"conv_algo": "im2col"}], ids=["rule", "lanes", "rows2", "im2col_asked"])
+@pytest.mark.parametrize("case", list(PROLOGUE_GRID))
+def test_conv_prologue_matches_reference(case: str, schedule: dict[str, object]) -> None:
+    """The ops that compute a Conv's input run in the packed kernel's input copy: an unfolded
+    BatchNorm + Relu (DenseNet's pre-activation: relu(bn(0)) is not 0, so a padding that went
+    through the prologue would be wrong) and a per-image, per-channel scale (a squeeze-and-excite
+    block's), with an epilogue after the Conv. A schedule asking for another algorithm gets the
+    packed one: only its copy applies a prologue."""
+    xs, ws, attrs = PROLOGUE_GRID[case]
+
+    def build(g: GraphBuilder) -> Tensor:
+        x = g.input("x", xs)
+        se = g.sigmoid(g.input("s", (xs[0], xs[1], 1, 1)))
+        pre = g.mul(g.relu(_bn(g, x, xs[1])), se)
+        return g.relu(g.op("Conv", pre, _const(g, ws, 1), _const(g, (ws[0],), 2), **attrs))
+
+    graph = _graph(build)
+    src = kernel_source(graph, [n.name for n in graph.nodes], schedule)
+    assert src.kind == "conv" and "dispatcher" in src.source
+    assert {a.value for a in src.args if a.role == "in"} >= {"x", "s"}
+    _check(graph, schedule)
+
+
+def test_conv_prologue_is_refused_where_the_rule_picks_another_algorithm() -> None:
+    """A depthwise conv with a tiny output runs direct, which copies nothing: no prologue there
+    (the fusion pass then leaves the producer a kernel of its own)."""
+    graph = _graph(lambda g: g.op("Conv", g.relu(g.input("x", (1, 8, 4, 4))), _const(g, (8, 1, 3, 3), 1),
+                                  group=8, pads=(1, 1, 1, 1)))
+    with pytest.raises(NotFusable, match="packed"):
+        kernel_source(graph, [n.name for n in graph.nodes])
 
 
 def test_conv_algo_rule_packed_but_direct_for_small_or_large_strided_depthwise() -> None:

@@ -197,6 +197,62 @@ def test_other_ub_passes_leave_conv_groups_to_the_conv_pass() -> None:
         assert "Conv" not in ops or ops == ["Conv"]
 
 
+# ---- TbeElemwiseConvFusionPass --------------------------------------------------------------------
+def _prologue_block() -> Graph:
+    """DenseNet's pre-activation (BatchNorm + Relu before a 1x1 and a 3x3 conv) and a
+    squeeze-and-excite gate's per-image, per-channel scale before a 1x1 projection
+    (EfficientNet's), with the unit before each conv read by that conv alone."""
+    g = GraphBuilder("prologue_block")
+    x = g.input("x", (2, 8, 10, 10))
+    w1 = (np.random.default_rng(50).standard_normal((12, 8, 1, 1)) / np.sqrt(8)).astype(F32)
+    h = g.op("Conv", g.relu(_bn(g, x, 8, 30)), g.const(w1))
+    h = _conv(g, g.relu(_bn(g, h, 12, 40)), 12, 8, 41, bias=True)
+    gate = g.sigmoid(g.input("s", (2, 8, 1, 1)))
+    w2 = (np.random.default_rng(51).standard_normal((6, 8, 1, 1)) / np.sqrt(8)).astype(F32)
+    g.output(g.relu(g.op("Conv", g.mul(h, gate), g.const(w2))))
+    return g.build()
+
+
+def test_conv_prologue_groups_form_and_match_the_interpreter() -> None:
+    graph = _prologue_block()
+    basic = _run(graph, ("TbeEltwiseFusionPass",))
+    on = _run(graph, ("TbeEltwiseFusionPass", "TbeElemwiseConvFusionPass"))
+    assert on.report.effected("TbeElemwiseConvFusionPass") == 3
+    # BatchNorm, Relu, Sigmoid and Mul are kernels of their own before (10 in all); after, the
+    # three convs and the last Relu (the epilogue pass is off)
+    assert (basic.fused.kernel_count, on.fused.kernel_count) == (10, 4)
+    convs = [grp for grp in on.fused.groups if any(on.fused.graph.node(n).op == "Conv" for n in grp.nodes)]
+    assert len(convs) == 3 and all("TbeElemwiseConvFusionPass" in grp.passes for grp in convs)
+    ops = [[on.fused.graph.node(n).op for n in grp.nodes] for grp in convs]
+    assert ops[0] == ["BatchNorm", "Relu", "Conv"] and ops[1] == ["BatchNorm", "Relu", "Conv"]
+    assert "Mul" in ops[2] and "Sigmoid" in ops[2]  # the gate, computed once per image and channel
+    inputs = _inputs(graph)
+    got = build_program(on.fused).run(inputs)[graph.outputs[0]]
+    want = run_graph(graph, inputs, dtype="float64")[graph.outputs[0]]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_conv_prologue_denied_application_keeps_its_kernel() -> None:
+    graph = _prologue_block()
+    result = _run(graph, ("TbeEltwiseFusionPass", "TbeElemwiseConvFusionPass"),
+                  deny={"TbeElemwiseConvFusionPass": frozenset({2})})
+    assert result.report.matched("TbeElemwiseConvFusionPass") == 3
+    assert result.report.effected("TbeElemwiseConvFusionPass") == 2
+    (denied,) = [a for a in result.report.applications if not a.applied]
+    assert any(n.startswith("Mul") for n in denied.nodes)  # the gate's scale, before the projection
+
+
+def test_conv_prologue_leaves_a_producer_read_elsewhere() -> None:
+    """A BatchNorm + Relu whose result another kernel also reads is stored once, not recomputed."""
+    g = GraphBuilder("shared")
+    x = g.input("x", (1, 4, 6, 6))
+    r = g.relu(_bn(g, x, 4, 60))
+    g.output(_conv(g, r, 4, 4, 61), g.add(r, 1.0))
+    graph = g.build()
+    result = _run(graph, ("TbeEltwiseFusionPass", "TbeElemwiseConvFusionPass"))
+    assert result.report.effected("TbeElemwiseConvFusionPass") == 0
+
+
 # ---- the whole pipeline ---------------------------------------------------------------------------
 def test_resnet_block_end_to_end_with_defaults_matches_float64_interpreter() -> None:
     graph = _resnet_block()
