@@ -17,10 +17,10 @@ Four algorithms, one epilogue:
   positions (``rows``: the ``wp - ow`` pad columns computed and dropped) or over output channels
   (``lanes``: rows are ``mr`` positions of one output row, nothing computed outside the output
   but channel padding), and the register block, by padded work over measured block efficiency.
-  Its sizes and register block are runtime parameters, not constants of the source
-  (:data:`PACKED_PARAMS`), so the convs of a model that share a layout and an epilogue share one
-  compile: the 846 conv kernels of the 40 real exports (599 of distinct sizes) are 47 compiles,
-  34 of them packed.
+  Its channel counts, groups and register block are runtime parameters, not constants of the
+  source (:data:`PACKED_PARAMS`, :data:`PACKED_CONSTANTS`), so the convs of a network stage that
+  share a geometry, a layout and an epilogue share one compile: the 846 conv kernels of the 40 real
+  exports (599 of distinct sizes) are 105 compiles, 92 of them packed.
 
 * ``im2col``: the output is cut into blocks of whole output rows, one block per (image, group,
   row block) task of a ``prange``. A task copies the input patches of its block into a scratch
@@ -807,6 +807,17 @@ PACKED_PARAMS = ("n", "h", "w", "oh", "ow", "sh", "sw", "dh", "dw", "kh", "kw", 
 the plane tables follow them: ``pidx`` (sh * sw entries), then ``pl_a``, ``pl_b``, ``pl_u0``,
 ``pl_u1`` (nph entries each)."""
 
+PACKED_CONSTANTS = frozenset(("n", "h", "w", "oh", "ow", "sh", "sw", "dh", "dw", "kh", "kw", "rows", "nblk", "nph",
+                              "wp", "halo", "taps"))
+"""The sizes the packed kernel's source writes as literals: the spatial geometry. The copy and
+epilogue loops run over a few output rows of 2 to 56 positions; known to LLVM, they ran the convs
+of the small real exports faster (one thread: ResNet-18's dynamo export 0.31-0.33 ms with every
+size a runtime parameter, 0.25-0.26 with these literals; SqueezeNet 0.29-0.31 against 0.21-0.22;
+MobileNetV3 0.33-0.35 against 0.25-0.26), at 105 compiles for the 846 conv kernels of the 40
+real exports instead of 53. Channels, groups, channel blocks, the register block and what
+depends on it (the planes' slack ``cs``, the block row ``plr``) stay runtime parameters: the
+convs of a network stage share a kernel."""
+
 
 def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int, rows: int,
                  plan: PackedPlan, fill_with: Fill, aw: str, body: Sequence[str], parallel: bool,
@@ -823,13 +834,11 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     reads while it is in cache. The weights are packed (:func:`pack_weights`): once at build time
     when they are a constant (``prepacked``), else on entry.
 
-    Every size is a runtime parameter (:data:`PACKED_PARAMS`), the register block too (the
-    micro-kernel's :func:`~fusiontune.codegen.microkernel.dispatcher` takes its index): the source
-    depends only on the dtype, the layout, whether the stride is 1, where the weights come from,
-    whether it runs in parallel and the epilogue. So one compile serves every conv of a model
-    that shares those: ResNet-18's 20 convs are a handful of kernels. The micro-kernel does the
-    arithmetic, so constant sizes bought nothing; the copy loops and the epilogue vectorize over
-    runtime widths (module docstring).
+    The channel counts, groups, channel blocks and the register block are runtime parameters
+    (:data:`PACKED_PARAMS`; the micro-kernel's :func:`~fusiontune.codegen.microkernel.dispatcher`
+    takes the block's index), the spatial geometry literals (:data:`PACKED_CONSTANTS`): the source
+    depends on the dtype, the geometry, the layout, where the weights come from, whether it runs
+    in parallel and the epilogue, so the convs of a network stage share one compile.
 
     Returns:
         The body's lines, and the parameters.
@@ -864,9 +873,10 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
         p[i] for i in range(4) for p in planes)
     base = len(PACKED_PARAMS)
     prange = "numba.prange" if parallel else "range"
-    out = [f"    k_{k} = prm[{i}]" for i, k in enumerate(PACKED_PARAMS)]
+    out = [f"    k_{k} = {sizes[k]}" if k in PACKED_CONSTANTS else f"    k_{k} = prm[{i}]"
+           for i, k in enumerate(PACKED_PARAMS)]
     out += [
-        "    ow_n = k_ow",
+        f"    ow_n = prm[{PACKED_PARAMS.index('ow')}]",  # a row's width LLVM cannot see (module docstring)
         f"    pidx = prm[{base}:{base} + k_sh * k_sw]",
         f"    pl_a = prm[{base} + k_sh * k_sw:]",
         "    pl_b = pl_a[k_nph:]",

@@ -236,43 +236,31 @@ def test_packed_conv_packs_constant_weights_once_and_input_weights_per_call() ->
 
 
 @pytest.mark.parametrize("orient", ["rows", "lanes"])
-def test_packed_convs_of_one_structure_share_one_kernel(orient: str) -> None:
-    """The packed kernel takes its sizes and register block at run time: convs that differ in
-    channels, size, kernel, padding, dilation, group or block but share the epilogue, the layout
-    and unit stride are one source (one compile); each still matches the reference, and each is
-    its own instance (what a program's hash sees). A strided conv is another source."""
-    cases = [
-        ((2, 5, 9, 8), (6, 5, 3, 3), {"pads": (1, 1, 1, 1)}),
-        ((1, 16, 7, 7), (40, 16, 1, 1), {}),
-        ((2, 6, 9, 9), (9, 2, 3, 3), {"group": 3, "dilations": (2, 1), "pads": (2, 1, 2, 1)}),
-        ((1, 3, 12, 13), (4, 3, 5, 5), {"pads": (2, 2, 2, 2)}),
-    ]
-    srcs = []
-    for xs, ws, attrs in cases:
-        def build(g: GraphBuilder, xs=xs, ws=ws, attrs=attrs) -> Tensor:
-            return g.relu(g.op("Conv", g.input("x", xs), _const(g, ws, 1), _const(g, (ws[0],), 2), **attrs))
+def test_packed_convs_of_one_stage_share_one_kernel(orient: str) -> None:
+    """The packed kernel takes its channel counts and register block at run time: convs of one
+    geometry (image size, kernel, padding, stride, rows per task) and epilogue that differ in those
+    are one source (one compile); each still matches the reference, and each is its own instance
+    (what a program's hash sees). Another geometry, or another ``conv_rows``, is another source."""
+    cases = [(5, 6, 1), (7, 10, 1), (4, 20, 1), (3, 33, 1)]  # (C, M, group): all small enough to run serially
 
-        graph = _graph(build)
-        schedule = {"conv_algo": "packed", "conv_orient": orient}
+    def conv(c: int, m: int, group: int, hw: tuple[int, int] = (9, 8)) -> Graph:
+        return _graph(lambda g: g.relu(g.op("Conv", g.input("x", (2, c, *hw)), _const(g, (m, c // group, 3, 3), 1),
+                                            _const(g, (m,), 2), pads=(1, 1, 1, 1), group=group)))
+
+    schedule = {"conv_algo": "packed", "conv_orient": orient}
+    srcs = []
+    for c, m, group in cases:
+        graph = conv(c, m, group)
         srcs.append(kernel_source(graph, [n.name for n in graph.nodes], schedule))
         _check(graph, schedule)
     assert len({s.key for s in srcs}) == 1
     assert len({s.params for s in srcs}) == len({s.instance for s in srcs}) == len(cases)
-    blocks = {s.params[PACKED_PARAMS.index("which")] for s in srcs}
-    assert len(blocks) > 1  # the planner chose different register blocks, still one source
-    strided = _graph(lambda g: g.op("Conv", g.input("x", (1, 5, 9, 8)), _const(g, (6, 5, 3, 3), 1),
-                                    _const(g, (6,), 2), strides=(2, 2)))
-    assert kernel_source(strided, [n.name for n in strided.nodes], schedule).key != srcs[0].key
-
-
-def test_conv_rows_change_the_instance_not_the_kernel() -> None:
-    """``conv_rows`` is a runtime parameter of the packed kernel: another split is another program
-    (its hash differs, so a sweep measures it) that needs no compile."""
-    graph = _graph(lambda g: g.relu(g.op("Conv", g.input("x", (1, 8, 12, 12)), _const(g, (8, 8, 3, 3), 1),
-                                         pads=(1, 1, 1, 1))))
-    one, two = (kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "packed", "conv_rows": r})
-                for r in (1, 2))
-    assert one.key == two.key and one.instance != two.instance
+    assert len({s.params[PACKED_PARAMS.index("which")] for s in srcs}) > 1  # different register blocks
+    other = conv(5, 6, 1, (10, 8))
+    assert kernel_source(other, [n.name for n in other.nodes], schedule).key != srcs[0].key
+    graph = conv(5, 6, 1)
+    rows = kernel_source(graph, [n.name for n in graph.nodes], {**schedule, "conv_rows": 1})
+    assert rows.key != srcs[0].key and rows.instance != srcs[0].instance
 
 
 def test_unknown_conv_algo_is_an_error() -> None:
