@@ -282,15 +282,16 @@ def _prologue_fill(low: Lowered, pro: Sequence[Node], x: str, full: Sequence[str
     return Fill(rows, loads, elem, var[x])
 
 
-def _prologue(low: Lowered, pro: Sequence[Node], conv: Node, epi: Sequence[Node], outputs: Sequence[str],
-              approx: bool) -> tuple[list[str], list[str], dict[str, Shape], list[str]]:
-    """The prologue's inputs and statements (see :func:`_packed_body`'s fill).
+def _prologue(low: Lowered, pro: Sequence[Node], conv: Node, epi: Sequence[Node],
+              outputs: Sequence[str]) -> tuple[list[str], list[str], dict[str, Shape]]:
+    """The prologue's inputs, checked (:func:`_prologue_fill` writes its statements).
 
     Returns:
         The full-shape inputs (read row by row, as the Conv's input would be), the per-channel
-        inputs (one value per image and channel, or per channel), every input's view, and the
-        statements that compute ``pv`` (the Conv's input element) from ``r_<input>`` (a full
-        input's element) and ``c_<input>`` (a per-channel input's value).
+        inputs (one value per image and channel, or per channel), and every input's view.
+
+    Raises:
+        NotFusable: a prologue the packed kernel's copy cannot run.
     """
     x = conv.inputs[0]
     xshape = low.values[x].shape
@@ -326,7 +327,7 @@ def _prologue(low: Lowered, pro: Sequence[Node], conv: Node, epi: Sequence[Node]
             raise NotFusable(f"prologue input {v} {shape} is not the Conv input's shape or per channel")
     if not full:
         raise NotFusable("a Conv prologue reads a tensor of the Conv input's shape")
-    return full, chan, views, [n.name for n in pro]
+    return full, chan, views
 
 
 def generate_conv_kernel(
@@ -382,7 +383,7 @@ def generate_conv_kernel(
         if "conv_algo" not in schedule and algo != "packed":
             raise NotFusable(f"a Conv prologue runs in the packed kernel's input copy ({algo} makes none)")
         algo = "packed"  # whatever a schedule asks: only the packed kernel copies its input
-        pro_full, pro_chan, pro_views, _ = _prologue(low, pro, conv, epi, outputs, approx)
+        pro_full, pro_chan, pro_views = _prologue(low, pro, conv, epi, outputs)
     if algo == "shifted" and (win.sh, win.sw) != (1, 1):
         algo = "im2col"  # the shifted views need unit stride; a schedule asking for it gets im2col
 
