@@ -12,10 +12,11 @@ this sampler models what fusion spaces are made of:
    20, 24) come first: their pairs are only partly aliased with main effects. A split point's
    runs cycle through its cut values; the column of a culprit (known, or seen to break the bound
    during the design) stays off.
-2. **Thompson sampling** from :class:`~fusiontune.tune.surrogate.BayesianLinearModel` of
-   ``log(runtime)`` with main effects and pairwise interactions (BOCS's model with a cheaper
-   sparsity prior): one posterior draw of the main effects per ask (the pairs at their posterior
-   mean: ``pair_draw``), minimised over the space by enumeration when it has at most
+2. **Thompson sampling** from :class:`~fusiontune.tune.surrogate.HorseshoeModel` of
+   ``log(runtime)`` with main effects and pairwise interactions (BOCS's model: a horseshoe prior
+   on the pairs, Gibbs-sampled; ``model="ard"`` is the cheaper evidence-fitted Gaussian prior of
+   :class:`~fusiontune.tune.surrogate.BayesianLinearModel`): one posterior draw of the main
+   effects per ask (the pairs at their posterior mean: ``pair_draw``), minimised over the space by enumeration when it has at most
    ``max_enumerate`` points, by local search with restarts otherwise. Every third ask
    (``greedy_every``) minimises the posterior mean instead of a draw: the best point the model
    knows of gets measured, not only its neighbours.
@@ -55,11 +56,20 @@ from scipy.special import ndtr
 
 from fusiontune.tune._history import MARGIN_CLIP, History
 from fusiontune.tune.designs import two_level_design
-from fusiontune.tune.surrogate import BayesianLinearModel, Coding, one_blas_thread
+from fusiontune.tune.surrogate import (
+    BayesianLinearModel,
+    Coding,
+    HorseshoeModel,
+    one_blas_thread,
+)
 
 if TYPE_CHECKING:
     from fusiontune.workloads.space import SearchSpace
 
+RUNTIME_MODELS: dict[str, type[BayesianLinearModel]] = {
+    "horseshoe": HorseshoeModel,
+    "ard": BayesianLinearModel,
+}
 CULPRIT_PRIOR = MARGIN_CLIP  # a culprit switched on moves the margin by 2x this: from -3 to +3
 INEXACT_PRIOR = 1.0  # an inexact pass switched on: expected to raise the margin by 2
 
@@ -100,7 +110,8 @@ class FusionSampler(BaseSampler):
         greedy_every: every this many trials, minimise the posterior mean instead of a draw
             (0: never). On the planted jobs (8 seeds of 4 jobs, 40 trials), every third trial
             greedy measured the optimum in 31 of 32 runs against 27 of 32 without.
-        model_options: options of the runtime model (:class:`BayesianLinearModel`).
+        model_options: options of the runtime model (:class:`BayesianLinearModel` or
+            :class:`HorseshoeModel`).
         feasibility_pairs: pairwise terms in the feasibility model (a pair of passes that
             breaks the bound only together).
         max_design: at most this many design runs (:meth:`for_space`: half the budget).
@@ -109,6 +120,9 @@ class FusionSampler(BaseSampler):
             than runs, full draws of hundreds of pair terms swamp the main effects and the
             search wanders: on the planted 16-switch job, 0 found the optimum in 5 of 6 seeds,
             1 in 1 of 6.
+        model: the runtime model's prior on the pairs: ``horseshoe`` (BOCS's,
+            :class:`HorseshoeModel`, Gibbs-sampled) or ``ard`` (:class:`BayesianLinearModel`,
+            evidence-fitted Gaussian scales).
     """
 
     def __init__(
@@ -128,6 +142,7 @@ class FusionSampler(BaseSampler):
         feasibility_pairs: bool = True,
         max_design: int | None = None,
         pair_draw: float = 0.0,
+        model: str = "horseshoe",
     ) -> None:
         for name, d in search_space.items():
             if not isinstance(d, CategoricalDistribution):
@@ -147,6 +162,9 @@ class FusionSampler(BaseSampler):
         self.feasibility_pairs = feasibility_pairs
         self.max_design = max_design
         self.pair_draw = pair_draw
+        if model not in RUNTIME_MODELS:
+            raise ValueError(f"model {model!r}: one of {', '.join(RUNTIME_MODELS)}")
+        self.model = model
         names = self.coding.names
         self._off = np.array([_index(c, "off") for c in self.coding.choices])
         # split.<Pass>.<point> -> the dimension of pass.<Pass>, when the pass is searched
@@ -311,8 +329,7 @@ class FusionSampler(BaseSampler):
         self, hist: History, rng: np.random.Generator, greedy: bool = False
     ) -> np.ndarray | None:
         """Minimise a posterior draw of log runtime over the fresh points predicted feasible."""
-        runtime = BayesianLinearModel(block=self.coding.block, **self.model_options)
-        runtime.fit(hist.X, hist.y, hist.noise)
+        runtime = self._runtime_model().fit(hist.X, hist.y, hist.noise)
         feas = self._feasibility(hist)
 
         def value(beta: np.ndarray, levels: np.ndarray) -> np.ndarray:
@@ -363,9 +380,11 @@ class FusionSampler(BaseSampler):
         hist = History(self, trials)
         if len(hist.y) < 3 or not hist.log:
             return {}
-        runtime = BayesianLinearModel(block=self.coding.block, **self.model_options)
-        mean, _ = runtime.fit(hist.X, hist.y, hist.noise).predict(hist.X)
+        mean, _ = self._runtime_model().fit(hist.X, hist.y, hist.noise).predict(hist.X)
         return {n: float(m) for n, m in zip(hist.numbers, mean, strict=True)}
+
+    def _runtime_model(self) -> BayesianLinearModel:
+        return RUNTIME_MODELS[self.model](block=self.coding.block, **self.model_options)
 
     def _feasibility(self, hist: History) -> BayesianLinearModel | None:
         if not len(hist.z):

@@ -502,6 +502,156 @@ class BayesianLinearModel:
             raise RuntimeError("the model is not fitted: call fit(X, y) first")
 
 
+class HorseshoeModel(BayesianLinearModel):
+    """The same model with BOCS's prior: a horseshoe on the pairs, fitted by Gibbs sampling.
+
+    Each pair coefficient ``b_ij ~ N(0, tau^2 lambda_ij^2)`` with half-Cauchy ``lambda_ij`` and
+    ``tau`` (Carvalho, Polson & Scott 2010), sampled with Makalic & Schmidt's (2016) inverse-gamma
+    auxiliary variables. A few large pairs keep their size while the hundreds of others are pulled
+    to zero, which a Gaussian prior per pair cannot do: fitted by evidence (ARD), a pair picked by
+    chance from hundreds borrows what a main effect does. The main effects share one Gaussian
+    scale ``N(0, tau_m^2)`` (``tau_m`` half-Cauchy), or with ``main_horseshoe`` a horseshoe each.
+
+    The noise is ``sigma^2 c_i``: ``c_i`` each observation's own variance ``noise_sd_i^2``
+    relative to their mean (1 when none is known), ``sigma^2`` sampled (Jeffreys prior), at least
+    ``min_noise_sd``. Intercept: a flat prior (a wide Gaussian). Sampling uses Bhattacharya et
+    al.'s O(n^2 p) draw when there are fewer observations than coefficients, a Cholesky of the
+    p x p precision otherwise.
+
+    The chain is seeded by ``seed`` alone, so a fit is a function of its data (the sampler stays
+    stateless). ``posterior_mean`` is the Rao-Blackwellised mean (the average of the conditional
+    means), ``posterior_cov`` the draws' covariance, and :meth:`sample_coefficients` returns one
+    of the kept draws: Thompson sampling as BOCS does it.
+
+    On the saved 40-trial histories of 80 planted runs (``benchmarks/bench_samplers.py``'s
+    issue12, pair12, three16, noisy16, 20 seeds each), picking the measured point of least
+    posterior mean came within 1% of the optimum in 42 of 80 against 32 with ARD; least squares
+    told the true terms got 53.
+
+    Args:
+        interactions, block: as :class:`BayesianLinearModel`.
+        iterations: Gibbs sweeps; the first ``burn`` are discarded.
+        burn: discarded sweeps.
+        keep: at most this many draws are kept for :meth:`sample_coefficients`.
+        main_horseshoe: a horseshoe on each main effect instead of one shared Gaussian scale.
+        min_noise_sd: the floor of sigma, in units of y's sd.
+        seed: the chain's seed.
+        **kw: ignored options of :class:`BayesianLinearModel` (so both take the same options).
+    """
+
+    def __init__(
+        self,
+        interactions: bool = True,
+        block: Sequence[int] | np.ndarray | None = None,
+        iterations: int = 800,
+        burn: int = 300,
+        keep: int = 100,
+        main_horseshoe: bool = False,
+        min_noise_sd: float = 0.02,
+        seed: int = 0,
+        **kw: Any,
+    ) -> None:
+        super().__init__(interactions=interactions, block=block, min_noise_sd=min_noise_sd)
+        self.iterations = iterations
+        self.burn = min(burn, max(0, iterations - 1))
+        self.keep = keep
+        self.main_horseshoe = main_horseshoe
+        self.seed = seed
+
+    def _fit(
+        self, X: np.ndarray, y: np.ndarray, noise_sd: np.ndarray | Sequence[float] | None
+    ) -> BayesianLinearModel:
+        X = np.atleast_2d(np.asarray(X, dtype=float))
+        y = np.asarray(y, dtype=float).ravel()
+        n, d = X.shape
+        if len(y) != n:
+            raise ValueError(f"{n} rows of X, {len(y)} observations")
+        self.d = d
+        self._pi, self._pj = self._pairs(d)
+        self._fitted = True
+        phi = self.design(X)
+        p = phi.shape[1]
+        self.offset = float(np.mean(y)) if n else 0.0
+        spread = float(np.std(y)) if n > 1 else 0.0
+        self.scale = spread if spread > 1e-12 else 1.0
+        z = (y - self.offset) / self.scale
+        rel = np.ones(n)
+        if noise_sd is not None and n:
+            s = np.asarray(noise_sd, dtype=float).ravel()
+            known = np.isfinite(s) & (s > 0)
+            if known.any():
+                s2 = np.where(known, s * s, np.mean(s[known] ** 2))
+                rel = s2 / np.mean(s2)
+        rng = np.random.default_rng(self.seed)
+        pairs = np.arange(p) > d
+        mains = ~pairs
+        mains[0] = False
+        lam2, nu = np.ones(p), np.ones(p)
+        tau2, xi, tau2m, xim, sig2 = 1.0, 1.0, 1.0, 1.0, 0.25
+        floor2 = self.min_noise_sd**2
+        means, draws = [], []
+        stride = max(1, (self.iterations - self.burn) // max(1, self.keep))
+        for it in range(self.iterations if n else 0):
+            prior_var = np.where(pairs, tau2 * lam2, tau2m * (lam2 if self.main_horseshoe else 1))
+            prior_var[0] = 100.0  # the intercept of standardised y: flat in effect
+            beta, mean = _gaussian_draw(phi, z, prior_var, sig2 * rel, rng)
+            resid = z - phi @ beta
+            sig2 = max(floor2, 1.0 / rng.gamma(n / 2, 2.0 / float(np.sum(resid**2 / rel))))
+            b2 = beta * beta
+            lam2 = 1.0 / rng.gamma(1.0, 1.0 / (1.0 / nu + b2 / (2 * np.where(pairs, tau2, tau2m))))
+            nu = 1.0 / rng.gamma(1.0, 1.0 / (1.0 + 1.0 / lam2))
+            if pairs.any():
+                rate = 1.0 / xi + float(np.sum(b2[pairs] / lam2[pairs])) / 2
+                tau2 = 1.0 / rng.gamma((pairs.sum() + 1) / 2, 1.0 / rate)
+                xi = 1.0 / rng.gamma(1.0, 1.0 / (1.0 + 1.0 / tau2))
+            if mains.any():
+                local = lam2[mains] if self.main_horseshoe else 1.0
+                rate = 1.0 / xim + float(np.sum(b2[mains] / local)) / 2
+                tau2m = 1.0 / rng.gamma((mains.sum() + 1) / 2, 1.0 / rate)
+                xim = 1.0 / rng.gamma(1.0, 1.0 / (1.0 + 1.0 / tau2m))
+            if it >= self.burn:
+                means.append(mean)
+                if (it - self.burn) % stride == 0:
+                    draws.append(beta)
+        if not means:  # no data: the prior
+            means, draws = [np.zeros(p)], [np.zeros(p)]
+        self._draws_z = np.array(draws)
+        self._mean_z = np.mean(means, axis=0)
+        self._cov_z = np.cov(self._draws_z.T).reshape(p, p) if len(draws) > 1 else np.eye(p)
+        self.noise_var = sig2
+        self.alpha = 1.0 / np.maximum(np.var(self._draws_z, axis=0), 1e-12)
+        self._mu0 = np.zeros(p)
+        self.posterior_mean = self._mean_z * self.scale
+        self.posterior_mean[0] += self.offset
+        self.posterior_cov = self._cov_z * self.scale**2
+        return self
+
+    def _sample(self, rng: np.random.Generator) -> np.ndarray:
+        out = self._draws_z[int(rng.integers(len(self._draws_z)))] * self.scale
+        out[0] += self.offset
+        return out
+
+
+def _gaussian_draw(
+    phi: np.ndarray, z: np.ndarray, prior_var: np.ndarray, v: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """One draw and the mean of ``w | z`` for ``z = phi w + N(0, diag v)``, ``w ~ N(0, diag
+    prior_var)``: Bhattacharya et al.'s n x n solve when n < p, a p x p Cholesky otherwise."""
+    n, p = phi.shape
+    if n < p:
+        pa = phi * prior_var
+        chol = np.linalg.cholesky(pa @ phi.T + np.diag(v) + 1e-10 * np.eye(n))
+        u = rng.standard_normal(p) * np.sqrt(prior_var)
+        delta = rng.standard_normal(n) * np.sqrt(v)
+        solved = _chol_solve(chol, np.stack([z, z - phi @ u - delta], axis=1))
+        return u + pa.T @ solved[:, 1], pa.T @ solved[:, 0]
+    w = 1.0 / v
+    chol = np.linalg.cholesky((phi.T * w) @ phi + np.diag(1.0 / prior_var))
+    mean = _chol_solve(chol, phi.T @ (w * z))
+    draw = mean + solve_triangular(chol.T, rng.standard_normal(p), lower=False, check_finite=False)
+    return draw, mean
+
+
 _CONTROLLER: Any = None
 
 
