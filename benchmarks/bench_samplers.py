@@ -8,9 +8,10 @@ so every sampler runs exactly as ``fusiontune tune --sampler NAME`` would:
    (some with split points) whose runtime is a planted formula (additive gains, pairwise and
    three-way interactions, 1-5% lognormal noise, one or two accuracy culprits), answered by a
    ``PlantedEvaluator``. The exact feasible optimum is known by enumeration.
-2. ``--replays``: a recorded grid of a built-in workload (seven passes of a small
-   ``transformer_block`` and the NormSplit statistics cut, 256 points; ``--quick``: 16 points of
-   a small ``mlp``), measured once in process and recorded to a SQLite study (default
+2. ``--replays``: recorded grids of built-in workloads (``REPLAYS``: seven passes of a small
+   ``transformer_block`` and the NormSplit statistics cut; seven passes of a small
+   ``llama_block`` and a MatMul row cut; 256 points each; ``--workloads`` picks; ``--quick``:
+   16 points of a small ``mlp``), each measured once in process and recorded to a SQLite study (default
    ``results/bench_samplers/``; ``--fresh`` measures again), replayed by a ``ReplayEvaluator``.
    The optimum is the fastest recorded feasible configuration. Record the grid on a quiet
    machine: numba's thread pools slow down by orders of magnitude under competing load.
@@ -43,7 +44,7 @@ A benchmark, not a test: nothing is gated; the goal lines say met / missed.
 
     .venv/bin/python benchmarks/bench_samplers.py [--quick] [--seeds 20] [--trials 80]
         [--jobs issue12,add8] [--samplers tpe,random] [--jobs-parallel 2] [--markdown]
-        [--cache FILE] [--replays [--record PATH] [--fresh]]
+        [--cache FILE] [--replays [--workloads W,...] [--record PATH] [--fresh]]
 """
 
 from __future__ import annotations
@@ -504,13 +505,28 @@ seed = 0
 workers = 0
 """
 
-FULL = {
-    "suffix": "",
-    "workload": "transformer_block",
-    "sizes": "{ batch = 1, seq = 64, hidden = 64, heads = 2, ffn = 256 }",
-    "passes": '["SoftmaxFusionPass", "LayerNormFusionPass", "AddLayerNormFusionPass", "GeluFusionPass",'
-    ' "MatmulElemBiasaddFusionPass", "MatmulElemGeluFusionPass", "CompositeOpsFusionPass"]',
-    "splits": '"NormSplitFusionPass.stats" = [0, 1]',
+REPLAYS = {
+    # seven passes of a small transformer block and NormSplit's statistics cut: 256 points
+    "transformer_block": {
+        "suffix": "",
+        "workload": "transformer_block",
+        "sizes": "{ batch = 1, seq = 64, hidden = 64, heads = 2, ffn = 256 }",
+        "passes": '["SoftmaxFusionPass", "LayerNormFusionPass", "AddLayerNormFusionPass",'
+        ' "GeluFusionPass", "MatmulElemBiasaddFusionPass", "MatmulElemGeluFusionPass",'
+        ' "CompositeOpsFusionPass"]',
+        "splits": '"NormSplitFusionPass.stats" = [0, 1]',
+    },
+    # the seven passes that match a small llama block (and CompositeOps, which takes what they
+    # leave) and a MatMul row cut: 256 points
+    "llama_block": {
+        "suffix": "",
+        "workload": "llama_block",
+        "sizes": "{ batch = 1, seq = 64, hidden = 64, heads = 2, ffn = 192 }",
+        "passes": '["SoftmaxFusionPass", "FlashAttentionFusionPass", "RmsNormFusionPass",'
+        ' "AddRmsNormFusionPass", "SwiGluFusionPass", "MatmulElemAddFusionPass",'
+        ' "CompositeOpsFusionPass"]',
+        "splits": '"MatMulRowSplitFusionPass.row_block" = [0, 32]',
+    },
 }
 QUICK = {
     "suffix": "_quick",
@@ -521,15 +537,17 @@ QUICK = {
 }
 
 
-def replay_space_toml(quick: bool) -> str:
-    fields = QUICK if quick else FULL
+def replay_space_toml(quick: bool, workload: str = "transformer_block") -> str:
+    fields = QUICK if quick else REPLAYS[workload]
     text = _SPACE
     for key, value in fields.items():
         text = text.replace("{" + key + "}", value)
     return text
 
 
-def record_replay(quick: bool, record: Path | None, fresh: bool) -> ReplayJob | None:
+def record_replay(
+    quick: bool, record: Path | None, fresh: bool, workload: str = "transformer_block"
+) -> ReplayJob | None:
     """Measure every grid point once (unless recorded) and return the replayed job."""
     from optuna.trial import TrialState
 
@@ -537,16 +555,17 @@ def record_replay(quick: bool, record: Path | None, fresh: bool) -> ReplayJob | 
     from fusiontune.tune.store import StudyStore
     from fusiontune.workloads import make_workload
 
-    text = replay_space_toml(quick)
+    text = replay_space_toml(quick, workload)
     space = loads_space(text, "<bench_samplers>")
     path = record or Path("results") / "bench_samplers" / f"{space.name}.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
     if fresh and path.exists():
         path.unlink()
     url = f"sqlite:///{path}"
-    workload = make_workload(space.workload, **dict(space.sizes))
+    workload_ = make_workload(space.workload, **dict(space.sizes))
     t0 = time.perf_counter()
     result = run_tune(
-        space, LocalEvaluator(workload, space.measure), url, space.name, grid_size(space) + 2,
+        space, LocalEvaluator(workload_, space.measure), url, space.name, grid_size(space) + 2,
         sampler="grid", progress=sys.stderr.isatty(),
     )  # fmt: skip
     print(f"grid: {result.n_finished} trials recorded in {time.perf_counter() - t0:.0f} s ({url})",
@@ -589,8 +608,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="JSON-lines file of run traces, reused by (job, sampler, seed, trials);"
                         " delete it when a sampler changes")  # fmt: skip
     parser.add_argument("--replays", action="store_true",
-                        help="the recorded built-in grid replay instead of the planted jobs")  # fmt: skip
-    parser.add_argument("--record", type=Path, help="with --replays: SQLite file of the grid")
+                        help="the recorded built-in grid replays instead of the planted jobs")  # fmt: skip
+    parser.add_argument("--workloads",
+                        help=f"with --replays: comma-separated (default: {','.join(REPLAYS)})")  # fmt: skip
+    parser.add_argument("--record", type=Path,
+                        help="with --replays of one workload: SQLite file of the grid")  # fmt: skip
     parser.add_argument(
         "--fresh", action="store_true", help="with --replays: measure the grid again"
     )
@@ -612,8 +634,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     jobs: list[PlantedJob | ReplayJob]
     if args.replays:
-        replay = record_replay(args.quick, args.record, args.fresh)
-        jobs = [replay] if replay is not None else []
+        workloads = ["mlp"] if args.quick else (_names(args.workloads) or list(REPLAYS))
+        if not args.quick and any(w not in REPLAYS for w in workloads):
+            parser.error(f"unknown replay workload (known: {', '.join(REPLAYS)})")
+        if args.record is not None and len(workloads) > 1:
+            parser.error("--record names the grid of one workload: give --workloads too")
+        replays = [record_replay(args.quick, args.record, args.fresh, w) for w in workloads]
+        jobs = [r for r in replays if r is not None]
     else:
         names = _names(args.jobs) or (list(_planted.QUICK_JOBS) if args.quick else None)
         try:

@@ -298,9 +298,9 @@ class BayesianLinearModel:
         with one_blas_thread():
             return self._fit(X, y, noise_sd)
 
-    def _fit(
-        self, X: np.ndarray, y: np.ndarray, noise_sd: np.ndarray | Sequence[float] | None
-    ) -> BayesianLinearModel:
+    def _standardise(self, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Check the data, set the pairs, and return the design matrix and standardised y (the
+        prior scales are relative to y's spread: ``offset``, ``scale``)."""
         X = np.atleast_2d(np.asarray(X, dtype=float))
         y = np.asarray(y, dtype=float).ravel()
         n, d = X.shape
@@ -309,13 +309,16 @@ class BayesianLinearModel:
         self.d = d
         self._pi, self._pj = self._pairs(d)
         self._fitted = True
-        phi = self.design(X)
-        p = phi.shape[1]
-        # Standardise y: the prior scales are relative to its spread.
         self.offset = float(np.mean(y)) if n else 0.0
         spread = float(np.std(y)) if n > 1 else 0.0
         self.scale = spread if spread > 1e-12 else 1.0
-        z = (y - self.offset) / self.scale
+        return self.design(X), (y - self.offset) / self.scale
+
+    def _fit(
+        self, X: np.ndarray, y: np.ndarray, noise_sd: np.ndarray | Sequence[float] | None
+    ) -> BayesianLinearModel:
+        phi, z = self._standardise(X, y)
+        (n, p), d = phi.shape, self.d
         s2 = np.zeros(n)
         if noise_sd is not None:
             s = np.asarray(noise_sd, dtype=float).ravel() / self.scale
@@ -561,20 +564,8 @@ class HorseshoeModel(BayesianLinearModel):
     def _fit(
         self, X: np.ndarray, y: np.ndarray, noise_sd: np.ndarray | Sequence[float] | None
     ) -> BayesianLinearModel:
-        X = np.atleast_2d(np.asarray(X, dtype=float))
-        y = np.asarray(y, dtype=float).ravel()
-        n, d = X.shape
-        if len(y) != n:
-            raise ValueError(f"{n} rows of X, {len(y)} observations")
-        self.d = d
-        self._pi, self._pj = self._pairs(d)
-        self._fitted = True
-        phi = self.design(X)
-        p = phi.shape[1]
-        self.offset = float(np.mean(y)) if n else 0.0
-        spread = float(np.std(y)) if n > 1 else 0.0
-        self.scale = spread if spread > 1e-12 else 1.0
-        z = (y - self.offset) / self.scale
+        phi, z = self._standardise(X, y)
+        (n, p), d = phi.shape, self.d
         rel = np.ones(n)
         if noise_sd is not None and n:
             s = np.asarray(noise_sd, dtype=float).ravel()
