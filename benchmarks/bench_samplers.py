@@ -9,10 +9,11 @@ so every sampler runs exactly as ``fusiontune tune --sampler NAME`` would:
    three-way interactions, 1-5% lognormal noise, one or two accuracy culprits), answered by a
    ``PlantedEvaluator``. The exact feasible optimum is known by enumeration.
 2. ``--replays``: recorded grids of built-in workloads (``REPLAYS``: seven passes of a small
-   ``transformer_block`` and the NormSplit statistics cut; seven passes of a small
-   ``llama_block`` and a MatMul row cut; 256 points each; ``--workloads`` picks; ``--quick``:
-   16 points of a small ``mlp``), each measured once in process and recorded to a SQLite study (default
-   ``results/bench_samplers/``; ``--fresh`` measures again), replayed by a ``ReplayEvaluator``.
+   ``transformer_block`` and the NormSplit statistics cut, 256 points; seven passes of a small
+   ``llama_block``, its attention's key/value block and a MatMul row cut, 1024 points;
+   ``--workloads`` picks; ``--quick``: 16 points of a small ``mlp``), each measured once in
+   process and recorded to a SQLite study (default ``results/bench_samplers/``; ``--fresh``
+   measures again), replayed by a ``ReplayEvaluator``.
    The optimum is the fastest recorded feasible configuration. Record the grid on a quiet
    machine: numba's thread pools slow down by orders of magnitude under competing load.
 
@@ -32,7 +33,9 @@ the optimum. Per sampler, job and recommendation:
 - trials to 2%: the first n at which the recommendation is within 2%, median and IQR (nearest
   rank) over the seeds; a seed that never gets there counts as ``trials + 1`` and a median
   among those reads ``>trials``;
-- vs random: that median over random's (``<=x`` when random's is censored).
+- vs random: that median over random's (``<=x`` when random's is censored). Random seldom
+  gets within 2% in 80 trials; ``--random-trials N`` runs random N trials (its shares are still
+  read at ``--trials``), so that its median is known and the ratio is one.
 
 ``--floor`` adds the noise's limit per planted job: how often a search told the exact terms and
 feasible points gets within 1% / 2% from 40 random runs by least squares (an indication of what
@@ -43,7 +46,8 @@ up to 16 switches; trials to 2% at most 0.35x random's; on the replays never wor
 A benchmark, not a test: nothing is gated; the goal lines say met / missed.
 
     .venv/bin/python benchmarks/bench_samplers.py [--quick] [--seeds 20] [--trials 80]
-        [--jobs issue12,add8] [--samplers tpe,random] [--jobs-parallel 2] [--markdown]
+        [--jobs issue12,add8] [--samplers tpe,random] [--random-trials 400] [--jobs-parallel 2]
+        [--markdown]
         [--cache FILE] [--replays [--workloads W,...] [--record PATH] [--fresh]]
 """
 
@@ -62,6 +66,7 @@ import time
 import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -104,10 +109,12 @@ class Task:
     job: PlantedJob | ReplayJob
     seed: int
     trials: int
+    model_until: int = 0  # the model's pick is scored at the first this many trials (0: all)
 
     @property
     def key(self) -> str:
-        return f"{self.job.name}|{self.sampler}|{self.seed}|{self.trials}"
+        until = f"|m{self.model_until}" if self.model_until else ""
+        return f"{self.job.name}|{self.sampler}|{self.seed}|{self.trials}{until}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +133,7 @@ class ReplayJob:
         return loads_space(self.space_toml, f"<bench_samplers:{self.name}>")
 
 
-def _key_hash(graph: Any, config: Any, deny: Any = ()) -> str:
+def _key_hash(graph: Any, config: Any, deny: Any = (), train: Any = None) -> str:
     """A stand-in job has no program: its configuration's key stands for it (as for a command)."""
     return str(config.key())
 
@@ -152,8 +159,11 @@ def run_task(task: Task, tmp: str) -> Trace:
             else:
                 with mock.patch.object(_study, "program_hash", _key_hash):
                     evaluator = PlantedEvaluator(job, task.seed)
-                    graph: Any = object()  # never read: program_hash is the key
-                    run_tune(space, evaluator, url, job.name, task.trials, graph=graph, **kwargs)
+                    # never read: program_hash is the key
+                    workload: Any = SimpleNamespace(graph=None, train=None)
+                    run_tune(
+                        space, evaluator, url, job.name, task.trials, workload=workload, **kwargs
+                    )
         study = optuna.load_study(study_name=job.name, storage=url)
         trace: Trace = []
         trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
@@ -166,9 +176,9 @@ def run_task(task: Task, tmp: str) -> Trace:
         ]
         model = FusionSampler.for_space(space, seed=0)
         for n, r in enumerate(records, start=1):
-            trace.append(
-                (r.feasible, r.median_s, true[n - 1], model_pick(model, trials[:n], records, true))
-            )
+            scored = not task.model_until or n <= task.model_until
+            pick = model_pick(model, trials[:n], records, true) if scored else math.nan
+            trace.append((r.feasible, r.median_s, true[n - 1], pick))
         if len(trace) != task.trials:  # a SIGTERM stops run_tune early: not a finished run
             raise RuntimeError(
                 f"{task.key}: the study holds {len(trace)} trials, not {task.trials}"
@@ -208,7 +218,7 @@ def run_tasks(tasks: Sequence[Task], parallel: int, cache: Path | None) -> dict[
         for line in cache.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                finished = len(row["trace"]) == int(row["key"].rsplit("|", 1)[1])
+                finished = len(row["trace"]) == int(row["key"].split("|")[3])
                 if finished and all(len(step) == 4 for step in row["trace"]):
                     traces[row["key"]] = [
                         (bool(f), _float(m), _float(t), _float(p)) for f, m, t, p in row["trace"]
@@ -285,29 +295,42 @@ class Score:
     within: dict[tuple[float, int], int]  # (tolerance, checkpoint) -> seeds within
     exact: int
     reach: list[int | None]  # trials to within REACH, per seed
+    horizon: int = 0  # the runs' length, when longer than ``trials`` (--random-trials)
+
+    @property
+    def censor(self) -> int:
+        """A seed that never reaches 2% counts as this many trials."""
+        return max(self.trials, self.horizon) + 1
 
     def reach_median(self) -> float:
-        return statistics.median([r if r is not None else self.trials + 1 for r in self.reach])
+        return statistics.median([r if r is not None else self.censor for r in self.reach])
 
     def reach_iqr(self) -> tuple[float, float]:
-        values = sorted(r if r is not None else self.trials + 1 for r in self.reach)
+        values = sorted(r if r is not None else self.censor for r in self.reach)
         n = len(values)
         return values[max(0, math.ceil(0.25 * n) - 1)], values[max(0, math.ceil(0.75 * n) - 1)]
 
 
 def score(traces: Sequence[Trace], optimum_s: float, trials: int, pick: str = "measured") -> Score:
+    """Shares within 1% / 2% at the checkpoints up to ``trials`` and exact at ``trials``, read from
+    each trace's prefix; trials to 2% over the whole trace (random's runs may be longer:
+    ``--random-trials``; the model's pick only over ``trials``, where it was scored)."""
     within: dict[tuple[float, int], int] = {}
     reach: list[int | None] = []
     exact = 0
+    horizon = trials
     for trace in traces:
         ratios = recommendation_ratios(trace, optimum_s, pick)
+        if pick == "model":
+            ratios = ratios[:trials]
+        horizon = max(horizon, len(ratios))
         for tol in TOLERANCES:
             for n in _checkpoints(trials):
                 ok = len(ratios) >= n and ratios[n - 1] <= 1 + tol + _EPS
                 within[(tol, n)] = within.get((tol, n), 0) + ok
-        exact += bool(ratios) and ratios[-1] <= 1 + _EPS
+        exact += bool(ratios) and ratios[:trials][-1] <= 1 + _EPS
         reach.append(next((i for i, r in enumerate(ratios, 1) if r <= 1 + REACH + _EPS), None))
-    return Score(len(traces), trials, within, exact, reach)
+    return Score(len(traces), trials, within, exact, reach, horizon)
 
 
 def _checkpoints(trials: int) -> list[int]:
@@ -413,8 +436,9 @@ def results_table(
             row = [job, s]
             row += [f"{sc.within[(tol, n)]}/{sc.seeds}" for tol in TOLERANCES for n in checks]
             q1, q3 = sc.reach_iqr()
-            row += [f"{sc.exact}/{sc.seeds}", _median_text(sc.reach_median(), trials),
-                    f"{_median_text(q1, trials)}-{_median_text(q3, trials)}"]  # fmt: skip
+            last = sc.censor - 1
+            row += [f"{sc.exact}/{sc.seeds}", _median_text(sc.reach_median(), last),
+                    f"{_median_text(q1, last)}-{_median_text(q3, last)}"]  # fmt: skip
             row.append(_ratio_text(sc, scores.get((job, "random")), trials))
             rows.append(row)
     return table(header, rows, markdown)
@@ -424,7 +448,7 @@ def _ratio_text(sc: Score, random: Score | None, trials: int) -> str:
     if random is None:
         return "-"
     ratio = sc.reach_median() / random.reach_median()
-    return f"<={ratio:.2f}" if random.reach_median() > trials else f"{ratio:.2f}"
+    return f"<={ratio:.2f}" if random.reach_median() >= random.censor else f"{ratio:.2f}"
 
 
 def goal_lines(
@@ -516,8 +540,8 @@ REPLAYS = {
         ' "CompositeOpsFusionPass"]',
         "splits": '"NormSplitFusionPass.stats" = [0, 1]',
     },
-    # the seven passes that match a small llama block (and CompositeOps, which takes what they
-    # leave) and a MatMul row cut: 256 points
+    # the seven passes that match a small llama block (CompositeOps takes what the others
+    # leave), the attention's key/value block and a MatMul row cut: 1024 points
     "llama_block": {
         "suffix": "",
         "workload": "llama_block",
@@ -525,7 +549,8 @@ REPLAYS = {
         "passes": '["SoftmaxFusionPass", "FlashAttentionFusionPass", "RmsNormFusionPass",'
         ' "AddRmsNormFusionPass", "SwiGluFusionPass", "MatmulElemAddFusionPass",'
         ' "CompositeOpsFusionPass"]',
-        "splits": '"MatMulRowSplitFusionPass.row_block" = [0, 32]',
+        "splits": '"MatMulRowSplitFusionPass.row_block" = [0, 32]\n'
+        '"FlashAttentionFusionPass.kv_block" = [0, 32, 64, 128]',
     },
 }
 QUICK = {
@@ -600,6 +625,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--trials", type=int, help="trials per run, baselines included (default 80)"
     )
     parser.add_argument("--jobs", help="planted jobs, comma-separated (default: all)")
+    parser.add_argument("--random-trials", type=int,
+                        help="run random this long (its shares are still read at --trials), so"
+                        " that its trials to 2%% are known rather than censored")  # fmt: skip
     parser.add_argument("--samplers", help="comma-separated (default: all but grid and nsga2)")
     parser.add_argument("--jobs-parallel", type=int, default=os.cpu_count() or 1,
                         help="runs in parallel processes (default: the CPU count)")  # fmt: skip
@@ -648,12 +676,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except KeyError as e:
             known = ", ".join(s.name for s in _planted.SPECS)
             parser.error(f"unknown job {e.args[0]!r} (known: {known})")
-    tasks = [Task(s, j, seed, trials) for j in jobs for s in samplers for seed in range(seeds)]
+    random_trials = max(trials, args.random_trials or 0)
+
+    def task(s: str, j: PlantedJob | ReplayJob, seed: int) -> Task:
+        if s == "random" and random_trials > trials:  # longer: its trials to 2%, uncensored
+            return Task(s, j, seed, random_trials, model_until=trials)
+        return Task(s, j, seed, trials)
+
+    tasks = [task(s, j, seed) for j in jobs for s in samplers for seed in range(seeds)]
     traces = run_tasks(tasks, max(1, args.jobs_parallel), args.cache)
     scores = {
         pick: {
             (j.name, s): score(
-                [traces[Task(s, j, seed, trials).key] for seed in range(seeds)],
+                [traces[task(s, j, seed).key] for seed in range(seeds)],
                 j.optimum_s,
                 trials,
                 pick,
