@@ -87,6 +87,26 @@ def test_recommendation_ratio_follows_the_best_measured_feasible_trial() -> None
     assert bench.score([trace], 1.0, 4, "model").reach == [4]
 
 
+def test_bench_samplers_scores_every_sampler_and_job(tmp_path: Path) -> None:
+    # Small enough for every CI run (seconds): a benchmark nobody runs breaks unseen, as the
+    # split-point jobs once did when run_tune's arguments changed.
+    bench = _load("bench_samplers")
+    out = tmp_path / "bench.json"
+    figures = bench.main(
+        ["--seeds", "1", "--trials", "16", "--random-trials", "24", "--samplers", "fusion,random",
+         "--jobs", "issue12,split10", "--jobs-parallel", "1", "--json", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
+    for job in ("issue12", "split10"):
+        for pick in ("measured", "model"):
+            for sampler in ("fusion", "random"):
+                row = figures["jobs"][job]["samplers"][pick][sampler]
+                assert set(row["within"]) == {"0.01@16", "0.02@16"}
+                assert len(row["reach"]) == 1
+        random = figures["jobs"][job]["samplers"]["measured"]["random"]["reach"]
+        assert all(r is None or r <= 24 for r in random)  # random ran 24 trials, scored at 16
+
+
 @pytest.mark.bench
 def test_bench_samplers_quick_scores_every_sampler_and_job(tmp_path: Path) -> None:
     bench = _load("bench_samplers")
