@@ -29,7 +29,7 @@ class History:
                 continue
             rows.append((levels, t, TrialRecord.from_trial(t)))
         self.first = next((lv for lv, t, _ in rows if t.state == TrialState.COMPLETE), None)
-        self.inert = self._inert(rows)
+        self.suspect, self.inert = self._inert(rows)
         held = [
             lv
             for lv, t, r in rows
@@ -67,20 +67,41 @@ class History:
         self.levels_z = np.array(levels_z).reshape(len(levels_z), len(sampler._sizes))
         self.Xz = sampler._features(self.levels_z)
 
-    def _inert(self, rows: Sequence[tuple[np.ndarray, FrozenTrial, TrialRecord]]) -> set[int]:
-        """Switches that ran and matched nothing in every measured trial where they were on.
+    def _inert(
+        self, rows: Sequence[tuple[np.ndarray, FrozenTrial, TrialRecord]]
+    ) -> tuple[set[int], set[int]]:
+        """Switches that generate no fusion: ``(suspect, inert)``.
 
-        A pass with a searched split point may match only once cut, so it counts as inert only
+        Suspect: it ran and matched nothing in every measured trial where it was on. The initial
+        design leaves suspects out.
+
+        Inert: a suspect that also matched nothing with each of its possible competitors off.
+        A competitor is any switch that matched something in some measured trial: passes take
+        ops from one another, so a pass that ran after them may match only where they are off
+        (CompositeOps takes what the named fusions leave, and matches nothing at the defaults).
+        Only inert passes are taken as "the same program on or off". Judged from the defaults
+        alone, every pass that lost its ops to another would be declared inert, never be tried
+        on again, and so stay inert.
+
+        A pass with a searched split point may match only once cut, so it is a suspect only
         when it also matched nothing in a trial where one of its split points was cut.
         """
         s = self.s
-        out = set()
-        for k, name in enumerate(s.coding.names):
-            if not s.coding.switches[k]:
-                continue
-            pass_name = name[len("pass.") :]
+        switches = np.flatnonzero(s.coding.switches)
+        matched_somewhere = set()
+        for lv, _, r in rows:
+            if r.measured and r.result is not None:
+                counts = r.result.fusion.counts()
+                for k in switches:
+                    name = s.coding.names[k][len("pass.") :]
+                    if lv[k] != s._off[k] and counts.get(name, (0, 0))[0] > 0:
+                        matched_somewhere.add(int(k))
+        suspect, inert = set(), set()
+        for k in switches:
+            pass_name = s.coding.names[k][len("pass.") :]
             splits = np.flatnonzero(s._owner == k)
             seen = False
+            absent: set[int] = set()  # competitors seen off where this pass matched nothing
             for lv, _, r in rows:
                 if lv[k] == s._off[k] or not r.measured or r.result is None:
                     continue
@@ -90,10 +111,13 @@ class History:
                 if fusion.matched(pass_name) > 0:
                     break
                 seen = seen or not len(splits) or bool(np.any(lv[splits] > 0))
+                absent.update(int(j) for j in switches if lv[j] == s._off[j])
             else:
                 if seen:
-                    out.add(k)
-        return out
+                    suspect.add(int(k))
+                    if matched_somewhere - {int(k)} <= absent:
+                        inert.add(int(k))
+        return suspect, inert
 
     def observed_culprits(self) -> set[int]:
         """Switches seen to break the bound on their own: two observations that differ only in

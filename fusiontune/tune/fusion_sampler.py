@@ -29,8 +29,10 @@ this sampler models what fusion spaces are made of:
 4. **No repeats**: a point any trial holds (measured, failed, or asked and not yet told: the
    pending points of a batch) is never proposed again, nor one that generates the same program:
    a pass that ran and matched nothing in every measured trial where it was on (the trials'
-   fusion reports) is inert, and a split point of a pass that is off is irrelevant, so points
-   are compared in that canonical form.
+   fusion reports), each pass that matched anywhere having been off in one of them, is inert,
+   and a split point of a pass that is off is irrelevant, so points are compared in that
+   canonical form. (A pass that matched nothing only where its competitors were on is a
+   suspect: it stays searchable, and the design gives it its spare columns.)
 
 Noise: each runtime observation is weighted by its own spread (the 95% interval of its median,
 or its IQR). Everything is rebuilt from ``study.trials`` on every ask: no hidden state, so
@@ -265,7 +267,16 @@ class FusionSampler(BaseSampler):
 
     def _design(self, hist: History) -> list[np.ndarray]:
         """The initial design's points that no trial holds yet (the first is proposed)."""
-        active = [k for k in range(len(self._sizes)) if k not in hist.inert]
+        active = [k for k in range(len(self._sizes)) if k not in hist.suspect]
+        # A suspect (matched nothing wherever it was on) may only have lost its ops to other
+        # passes: it takes the design's spare columns, which cost no runs.
+        suspects = sorted(hist.suspect - hist.inert)
+        if self.design == "screening" and active and suspects:
+            rows = len(two_level_design(len(active)))
+            extra = len(suspects)
+            while extra and len(two_level_design(len(active) + extra)) != rows:
+                extra -= 1
+            active = sorted(active + suspects[:extra])
         culprit_dims = {self.coding.names.index(f"pass.{c}") for c in self._known_culprits()}
         culprit_dims |= hist.observed_culprits() | self._likely_culprits(hist)
         if self.design == "screening":

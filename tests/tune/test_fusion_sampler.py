@@ -17,6 +17,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from fusiontune.passes.base import FusionReport
+from fusiontune.tune._history import History
 from fusiontune.tune.designs import two_level_design
 from fusiontune.tune.evaluator import LocalEvaluator
 from fusiontune.tune.fusion_sampler import FusionSampler, bisect_culprits, space_culprits
@@ -292,3 +293,24 @@ def test_the_models_pick_beats_the_fastest_measurement_under_noise() -> None:
         by_measurement.append(best_feasible(study, objective) / best)
     assert np.mean(by_model) < np.mean(by_measurement)
     assert sum(r <= 1.01 for r in by_model) > sum(r <= 1.01 for r in by_measurement)
+
+
+def test_a_pass_that_lost_its_ops_to_others_stays_searchable() -> None:
+    # P5 runs after P0-P4 and takes what they leave (as CompositeOps does): at the defaults it
+    # matches nothing. That makes it a suspect, not inert: the design (8 runs for 5 columns)
+    # gives it a spare column, and only once it matched nothing with each of P0-P4 off is it
+    # the same program on or off.
+    d = 6
+    sampler = FusionSampler(dims(d), bound=BOUND, seed=0)
+    study = optuna.create_study(sampler=sampler)
+    on = {f"pass.P{i}": "on" for i in range(d)}
+    competitors = {f"pass.P{i}": 1 for i in range(d - 1)}
+    study.add_trial(_measured(on, competitors, 1e-3))
+    hist = History(sampler, study.trials)
+    assert (hist.suspect, hist.inert) == ({5}, set())
+    rows = sampler._design(hist)
+    assert any(row[5] != sampler._off[5] for row in rows)
+    for i in range(d - 1):
+        study.add_trial(_measured({**on, f"pass.P{i}": "off"}, competitors, 1e-3))
+    hist = History(sampler, study.trials)
+    assert (hist.suspect, hist.inert) == ({5}, {5})
