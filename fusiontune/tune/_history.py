@@ -91,10 +91,9 @@ class History:
         matched_somewhere = set()
         for lv, _, r in rows:
             if r.measured and r.result is not None:
-                counts = r.result.fusion.counts()
                 for k in switches:
                     name = s.coding.names[k][len("pass.") :]
-                    if lv[k] != s._off[k] and counts.get(name, (0, 0))[0] > 0:
+                    if lv[k] != s._off[k] and r.result.matched(name) > 0:
                         matched_somewhere.add(int(k))
         suspect, inert = set(), set()
         for k in switches:

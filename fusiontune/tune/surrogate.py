@@ -442,14 +442,8 @@ class BayesianLinearModel:
     def _sample(self, rng: np.random.Generator) -> np.ndarray:
         phi, r, v = self._phi, self._r0, self._v
         n, p = phi.shape
-        a_inv = 1.0 / self.alpha
         if 0 < n < p:
-            u = rng.standard_normal(p) * np.sqrt(a_inv)
-            delta = rng.standard_normal(n) * np.sqrt(v)
-            pa = phi * a_inv
-            k = pa @ phi.T + np.diag(v)
-            w = np.linalg.solve(k + 1e-10 * np.eye(n), r - (phi @ u + delta))
-            z = u + pa.T @ w + self._mu0
+            z = _gaussian_draw(phi, r, 1.0 / self.alpha, v, rng)[0] + self._mu0
         else:
             chol = np.linalg.cholesky(self._cov_z + 1e-12 * np.eye(p))
             z = self._mean_z + chol @ rng.standard_normal(p)
@@ -611,8 +605,6 @@ class HorseshoeModel(BayesianLinearModel):
         self._mean_z = np.mean(means, axis=0)
         self._cov_z = np.cov(self._draws_z.T).reshape(p, p) if len(draws) > 1 else np.eye(p)
         self.noise_var = sig2
-        self.alpha = 1.0 / np.maximum(np.var(self._draws_z, axis=0), 1e-12)
-        self._mu0 = np.zeros(p)
         self.posterior_mean = self._mean_z * self.scale
         self.posterior_mean[0] += self.offset
         self.posterior_cov = self._cov_z * self.scale**2
@@ -628,7 +620,8 @@ def _gaussian_draw(
     phi: np.ndarray, z: np.ndarray, prior_var: np.ndarray, v: np.ndarray, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """One draw and the mean of ``w | z`` for ``z = phi w + N(0, diag v)``, ``w ~ N(0, diag
-    prior_var)``: Bhattacharya et al.'s n x n solve when n < p, a p x p Cholesky otherwise."""
+    prior_var)``: Bhattacharya et al.'s n x n solve when n < p, a p x p Cholesky otherwise.
+    Both models' Thompson draws with fewer observations than coefficients come from here."""
     n, p = phi.shape
     if n < p:
         pa = phi * prior_var
