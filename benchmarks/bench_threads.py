@@ -59,9 +59,12 @@ def _phase(programs: dict[str, Any], calls: int) -> dict[str, list[float]]:
 
 def child(args: argparse.Namespace) -> None:
     """Build, then alternate quiet and busy phases; print one JSON line of per-program samples."""
-    import numba
-
-    from fusiontune.codegen.threading_layer import configure_threading, threading_layer
+    from fusiontune.codegen.threading_layer import (
+        configure_threading,
+        num_threads,
+        set_num_threads,
+        threading_layer,
+    )
     from fusiontune.config.fusion_config import FusionConfig
     from fusiontune.tune.evaluate import build_candidate
 
@@ -74,7 +77,7 @@ def child(args: argparse.Namespace) -> None:
         for _ in range(3):
             p.execute()
         programs[spec] = p
-    threads = numba.get_num_threads()
+    threads = num_threads()
     samples: dict[str, dict[str, list[float]]] = {k: {"quiet": [], "busy": [], "one_thread": []} for k in programs}
     for _ in range(args.rounds):
         for name, t in _phase(programs, args.calls).items():
@@ -84,10 +87,10 @@ def child(args: argparse.Namespace) -> None:
             time.sleep(0.3)
             for name, t in _phase(programs, args.calls).items():
                 samples[name]["busy"] += t
-            numba.set_num_threads(1)
+            set_num_threads(1)
             for name, t in _phase(programs, args.calls).items():
                 samples[name]["one_thread"] += t
-            numba.set_num_threads(threads)
+            set_num_threads(threads)
         finally:
             for h in hogs:
                 h.kill()

@@ -703,10 +703,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.results is None and args.models is None:
         args.results = Path(__file__).resolve().parent / "RESULTS.md"
 
-    import numba
+    from fusiontune.codegen.threading_layer import num_threads, set_num_threads
 
-    threads = args.threads or numba.get_num_threads()
-    numba.set_num_threads(threads)
+    threads = args.threads or num_threads()
+    set_num_threads(threads)
     try:
         import torch
 

@@ -14,6 +14,11 @@ virtual environment, so it is loaded by path first) and asks numba for it.
 
 Codegen calls :func:`configure_threading` before it compiles or loads a kernel, and so does every
 other parallel function fusiontune defines (the roofline's copy and sgemm), before its first use.
+Asking numba for its thread count also starts its threads, on whatever layer loads first: a
+driver whose first numba call was ``numba.get_num_threads()`` (for the machine record) ran its
+confirmation on OpenMP while its workers ran TBB, and beside another process every kernel of the
+confirmation waited a time slice (55.7 ms against 0.56 ms). So fusiontune reads and sets the
+count only through :func:`num_threads` and :func:`set_num_threads`, which configure first.
 """
 
 from __future__ import annotations
@@ -79,6 +84,22 @@ def configure_threading() -> str:
         numba.config.THREADING_LAYER = wanted
     _CONFIGURED = wanted or "default"
     return _CONFIGURED
+
+
+def num_threads() -> int:
+    """numba's thread count for the calling thread, the layer chosen first."""
+    configure_threading()
+    import numba
+
+    return int(numba.get_num_threads())
+
+
+def set_num_threads(n: int) -> None:
+    """Set numba's thread count for the calling thread, the layer chosen first."""
+    configure_threading()
+    import numba
+
+    numba.set_num_threads(n)
 
 
 def threading_layer() -> str:

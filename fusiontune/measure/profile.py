@@ -244,12 +244,11 @@ def profile_program(
     Returns:
         The profile, kernels slowest first.
     """
-    import numba
-
+    from fusiontune.codegen.threading_layer import num_threads
     from fusiontune.measure.roofline import measure_copy_bandwidth, measure_peak_flops
 
     measure = measure or MeasureConfig(warmup=1)
-    threads = int(numba.get_num_threads())
+    threads = num_threads()
     bandwidth = bandwidth if bandwidth is not None else measure_copy_bandwidth()
     peak_flops = peak_flops if peak_flops is not None else measure_peak_flops(threads)
     program.bind(inputs)

@@ -114,13 +114,14 @@ def measure_peak_flops(threads: int | None = None, repeat: int = 10) -> float:
     """
     import numba  # lazy: importing fusiontune.measure must not start numba
 
+    from fusiontune.codegen.threading_layer import num_threads, set_num_threads
     from fusiontune.measure._peak import UK_SHAPE, parallel_microkernel, parallel_sgemm
     from fusiontune.runtime.threads import single_threaded_blas
 
     single_threaded_blas()
-    chunks = threads or int(numba.get_num_threads())
-    previous = int(numba.get_num_threads())
-    numba.set_num_threads(min(chunks, numba.config.NUMBA_NUM_THREADS))
+    previous = num_threads()
+    chunks = threads or previous
+    set_num_threads(min(chunks, numba.config.NUMBA_NUM_THREADS))
     try:
         rng = np.random.default_rng(0)
         a = rng.standard_normal((chunks * _PEAK_ROWS, _PEAK_K), dtype=np.float32)
@@ -147,7 +148,7 @@ def measure_peak_flops(threads: int | None = None, repeat: int = 10) -> float:
             best = min(best, time.perf_counter_ns() - t0)
         micro = 2.0 * chunks * calls * 9 * k * mr * nr / (max(best, 1) * 1e-9)
     finally:
-        numba.set_num_threads(previous)
+        set_num_threads(previous)
     return max(sgemm, micro)
 
 
@@ -214,7 +215,7 @@ def machine_info() -> dict[str, Any]:
     """
     import numba
 
-    from fusiontune.codegen.threading_layer import threading_layer
+    from fusiontune.codegen.threading_layer import num_threads, threading_layer
 
     try:
         usable = len(os.sched_getaffinity(0))
@@ -225,7 +226,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count() or 1,
         "cpus_usable": usable,
-        "numba_threads": int(numba.get_num_threads()),
+        "numba_threads": num_threads(),
         "threading_layer": threading_layer(),
         "numpy": np.__version__,
         "numba": numba.__version__,

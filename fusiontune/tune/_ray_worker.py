@@ -158,7 +158,9 @@ class TuneWorker:
         # actors sharing a node use their CPU share, not one thread per core each.
         import numba
 
-        numba.set_num_threads(min(self.cpus, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+        from fusiontune.codegen.threading_layer import set_num_threads
+
+        set_num_threads(min(self.cpus, numba.config.NUMBA_NUM_THREADS))
 
     def info(self) -> dict[str, Any]:
         """Where this actor runs, and the workload error if the workload could not be built."""
@@ -197,7 +199,9 @@ class TuneWorker:
         """
         import numba
 
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+        from fusiontune.codegen.threading_layer import set_num_threads
+
+        set_num_threads(numba.config.NUMBA_NUM_THREADS)
         request, candidate = self._built.pop(token)
         assert self.workload is not None
         self.hook.fire("measure", request.trial)

@@ -25,6 +25,42 @@ def _child(layer: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def test_asking_for_the_thread_count_first_does_not_start_another_layer() -> None:
+    # A driver records machine_info() (the thread count) before anything compiles: that call
+    # used to start numba's threads on OpenMP, so the confirmation and the profile ran there,
+    # and beside another process every kernel waited a time slice (55.7 ms instead of 0.56 ms).
+    code = (
+        "import json, numba, numpy as np\n"
+        "from fusiontune.measure import machine_info\n"
+        "from fusiontune.measure.roofline import copy_kernel\n"
+        "info = machine_info()\n"
+        "copy_kernel()(np.zeros(64, np.float32), np.ones(64, np.float32))\n"
+        "print(json.dumps([info['threading_layer'], numba.threading_layer()]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSIONTUNE_THREADING", "NUMBA_THREADING_LAYER")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=300)
+    recorded, running = json.loads(done.stdout.strip().splitlines()[-1])
+    assert recorded == running
+    if tbb_library() is not None:
+        assert running == "tbb"
+
+
+def test_fusiontune_sets_numba_threads_only_through_the_layer_module() -> None:
+    # numba.get_num_threads() / set_num_threads() start numba's threads on the first layer that
+    # loads; threading_layer.num_threads / set_num_threads choose the layer first.
+    root = Path(__file__).resolve().parents[2]
+    offenders = [
+        f"{path.relative_to(root)}:{n}"
+        for folder in ("fusiontune", "benchmarks")
+        for path in sorted((root / folder).rglob("*.py"))
+        if path.name != "threading_layer.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        for code in [line.split("#", 1)[0]]
+        if "numba.get_num_threads(" in code or "numba.set_num_threads(" in code
+    ]
+    assert offenders == []
+
+
 def test_a_bad_layer_name_is_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "FUSIONTUNE_THREADING": "openmp"}
     done = subprocess.run(
