@@ -302,9 +302,11 @@ def test_contraction_with_epilogue_matches_interpreter_for_every_row_block(name:
         assert_matches_interpreter(graph, results[rb], inputs)
     for rb in ROW_BLOCKS[1:]:
         for out in graph.outputs:
-            # Each output element is the same dot product whatever the block: identical bits.
-            np.testing.assert_array_equal(
-                results[rb][out], results[0][out], err_msg=f"row_block={rb} {out}"
+            # Each output element is the same dot product whatever the block, but BLAS may sum it
+            # in another order for another row count (OpenBLAS 0.3.30 on an AMD EPYC does, on an
+            # Intel Xeon it did not): equal to float32 rounding, not bit for bit.
+            np.testing.assert_allclose(
+                results[rb][out], results[0][out], rtol=1e-5, atol=1e-6, err_msg=f"row_block={rb} {out}"
             )
 
 
