@@ -1,7 +1,8 @@
 """Each switch's effect on the runtime, with 95% intervals, from the surrogate fitted to a study.
 
-The surrogate (:class:`fusiontune.tune.surrogate.BayesianLinearModel`: intercept, main effects,
-pairwise products, a sparsity prior) is fitted on ``log(median runtime)`` of every measured
+The surrogate (:class:`fusiontune.tune.surrogate.HorseshoeModel`, the fusion sampler's runtime
+model: intercept, main effects, pairwise products with a horseshoe prior) is fitted on
+``log(median runtime)`` of every measured
 configuration, feasible or not (the error is a separate axis). With the +-1 coding (on = +1), a
 main effect ``e`` is the change of log runtime when the switch goes off -> on, so
 
@@ -20,7 +21,8 @@ program): a reused measurement of the same program under the same fitted switche
 observation, not a second one. Passes that never matched (:func:`~fusiontune.report.tables.
 effective_params`) are not fitted: switching them changes nothing.
 
-Nothing here is random: the fit is deterministic, the rows sorted by trial number, the output
+Intervals are equal-tailed quantiles of the posterior draws (:data:`DRAWS` of them). Nothing here
+varies from build to build: the Gibbs chain is seeded, the rows sorted by trial number, the output
 rounded, so a report rebuilt from the same database is the same bytes.
 """
 
@@ -41,6 +43,9 @@ TOP_INTERACTIONS = 5
 MIN_CONFIGURATIONS = 3
 SPANS_ZERO = "not distinguishable from 0"
 TITLE = "Per-pass effect (surrogate model, 95% intervals)"
+# Gibbs sweeps of the report's fit: more kept draws than the sampler's Thompson draws need, for
+# the tails of a 95% interval (2.5% of 2000 draws: 50 beyond each end).
+SWEEPS, BURN, DRAWS = 2500, 500, 2000
 
 
 @dataclass(frozen=True)
@@ -184,7 +189,7 @@ def switch_effects(
         The effects, or an :class:`EffectsReport` whose ``skipped`` says in one sentence why
         none could be estimated (no measured trial, too few for the features).
     """
-    from fusiontune.tune.surrogate import BayesianLinearModel, Coding, pair_index
+    from fusiontune.tune.surrogate import Coding, HorseshoeModel, pair_index
 
     measured = _measured(frame)
     candidates = [c for c in effective if c in frame.columns]
@@ -242,7 +247,9 @@ def switch_effects(
         )
     X = coding.encode_many(rows[names].to_dict("records"))
     y = np.log(rows["median_s"].to_numpy(dtype=float))
-    model = BayesianLinearModel(interactions=pairs, block=coding.block)
+    model = HorseshoeModel(
+        interactions=pairs, block=coding.block, iterations=SWEEPS, burn=BURN, keep=DRAWS
+    )
     model.fit(X, y, noise_sd=_noise_sd(rows))
     column = dict(zip(coding.labels, X.T, strict=True))
     found = []

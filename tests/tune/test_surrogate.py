@@ -97,6 +97,28 @@ def test_effect_intervals_cover_the_truth_in_most_seeds() -> None:
     assert covered / total >= 0.85
 
 
+def test_horseshoe_intervals_are_draw_quantiles_that_cover_the_truth() -> None:
+    # The report's fit (fusiontune/report/_effects.py): its intervals are quantiles of the
+    # draws, so a shrunk null pair's interval holds 0 and a kept term's interval its value.
+    covered = total = nulls = null_zero = 0
+    for seed in range(10):
+        X, y, beta, pair = _planted(seed, n=40)
+        names = [f"pass.P{i}" for i in range(X.shape[1])]
+        truth = {(n,): 2 * b for n, b in zip(names, beta, strict=True)}
+        truth[("pass.P0", "pass.P2")] = 2 * pair
+        model = HorseshoeModel(iterations=1500, burn=300, keep=1200).fit(X, y)
+        for e in model.effects(names):
+            assert e.low <= e.mean <= e.high
+            if e.terms in truth:
+                total += 1
+                covered += e.low <= truth[e.terms] <= e.high
+            elif len(e.terms) == 2:
+                nulls += 1
+                null_zero += e.low <= 0.0 <= e.high
+    assert covered / total >= 0.85, (covered, total)
+    assert null_zero / nulls >= 0.95, (null_zero, nulls)
+
+
 def test_predict_is_close_on_observed_points_and_uncertain_far_from_them() -> None:
     X, y, _, _ = _planted(1, n=30)
     model = BayesianLinearModel().fit(X, y)
