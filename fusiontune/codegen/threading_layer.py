@@ -14,10 +14,10 @@ virtual environment, so it is loaded by path first) and asks numba for it.
 
 Codegen calls :func:`configure_threading` before it compiles or loads a kernel, and so does every
 other parallel function fusiontune defines (the roofline's copy and sgemm), before its first use.
-Asking numba for its thread count also starts its threads, on whatever layer loads first: a
-driver whose first numba call was ``numba.get_num_threads()`` (for the machine record) ran its
-confirmation on OpenMP while its workers ran TBB, and beside another process every kernel of the
-confirmation waited a time slice (55.7 ms against 0.56 ms). So fusiontune reads and sets the
+Asking numba for its thread count also starts its threads, on whatever layer loads first. A
+sweep's driver asked first for its machine record, and each Ray worker set its thread share before
+loading anything, so both ran on OpenMP: beside another process every kernel of the confirmation
+waited a time slice (55.7 ms against 0.56 ms). A worker's measurement now records its layer. So fusiontune reads and sets the
 count only through :func:`num_threads` and :func:`set_num_threads`, which configure first.
 """
 

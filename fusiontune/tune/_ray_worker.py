@@ -199,7 +199,7 @@ class TuneWorker:
         """
         import numba
 
-        from fusiontune.codegen.threading_layer import set_num_threads
+        from fusiontune.codegen.threading_layer import set_num_threads, threading_layer
 
         set_num_threads(numba.config.NUMBA_NUM_THREADS)
         request, candidate = self._built.pop(token)
@@ -212,7 +212,11 @@ class TuneWorker:
             measure,
             request.trial,
             self.node,
-            {"host": self.host, "threads": numba.config.NUMBA_NUM_THREADS},  # type: ignore[attr-defined]
+            {
+                "host": self.host,
+                "threads": numba.config.NUMBA_NUM_THREADS,  # type: ignore[attr-defined]
+                "threading_layer": threading_layer(),
+            },
             timing=request.timing,
             applications=request.applications,
         )

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from fusiontune.codegen.threading_layer import tbb_library
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.errors import UserError
 from fusiontune.measure import MeasureConfig
@@ -122,6 +123,10 @@ def test_ray_evaluator_mlp_matches_local(ray_cluster: Any) -> None:
     assert [r.program_hash for r in remote] == [r.program_hash for r in local]
     for ours, theirs in zip(remote, local, strict=True):
         assert ours.error("rel_l2") == pytest.approx(theirs.error("rel_l2"), rel=1e-3, abs=1e-9)
+    # The workers set their thread count before loading anything; that used to start numba's
+    # threads on OpenMP, whose kernels wait a time slice for a thread another process holds.
+    layers = {r.extra["threading_layer"] for r in remote}
+    assert layers == {"tbb"} if tbb_library() is not None else len(layers) == 1
 
 
 @pytest.mark.ray
