@@ -17,8 +17,9 @@ other parallel function fusiontune defines (the roofline's copy and sgemm), befo
 Asking numba for its thread count also starts its threads, on whatever layer loads first. A
 sweep's driver asked first for its machine record, and each Ray worker set its thread share before
 loading anything, so both ran on OpenMP: beside another process every kernel of the confirmation
-waited a time slice (55.7 ms against 0.56 ms). A worker's measurement now records its layer. So fusiontune reads and sets the
-count only through :func:`num_threads` and :func:`set_num_threads`, which configure first.
+waited a time slice (55.7 ms against 0.56 ms). So fusiontune reads and sets the count only
+through :func:`num_threads` and :func:`set_num_threads`, which configure first, and a worker's
+measurement records its layer.
 """
 
 from __future__ import annotations
