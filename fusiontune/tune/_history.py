@@ -121,17 +121,24 @@ class History:
     def observed_culprits(self) -> set[int]:
         """Switches seen to break the bound on their own: two observations that differ only in
         that switch, the one with it on infeasible and the other feasible (e.g. the defaults and
-        the enqueued ``only:<Pass>`` trial)."""
+        the enqueued ``only:<Pass>`` trial), and no feasible observation with it on.
+
+        The last condition keeps a pair of passes that break the bound only together (each
+        helps alone) out: from the defaults, switching either off restores the bound, so each
+        would look like a culprit, and the search would keep both off and lose both gains.
+        Switching one off shows the other on and feasible.
+        """
         s = self.s
         lv, z = self.canonical(self.levels_z), self.z
+        feasible = z <= 0
         out = set()
         for a in np.flatnonzero(z > 0):
             diff = lv != lv[a]
-            for b in np.flatnonzero((z <= 0) & (diff.sum(axis=1) == 1)):
+            for b in np.flatnonzero(feasible & (diff.sum(axis=1) == 1)):
                 k = int(np.flatnonzero(diff[b])[0])
                 if s.coding.switches[k] and lv[a, k] != s._off[k]:
                     out.add(k)
-        return out
+        return {k for k in out if not np.any(feasible & (lv[:, k] != s._off[k]))}
 
     def _margin(self, t: FrozenTrial, r: TrialRecord) -> float | None:
         """``clip(log(error / bound))``; +clip for a failed evaluation; None when unknown."""
