@@ -116,6 +116,13 @@ class FusionSampler(BaseSampler):
             :class:`HorseshoeModel`).
         feasibility_pairs: pairwise terms in the feasibility model (a pair of passes that
             breaks the bound only together).
+        feasibility_model: ``"horseshoe"`` (a horseshoe on every main effect and pair, centred
+            at the inexact and culprit priors) or ``"ard"`` (the evidence-fitted Gaussian
+            model). On the planted pair24 job (two passes that each help and break the bound
+            together), ARD gave the optimum P(feasible) 0.12 after 80 trials and no seed came
+            within 2%; the horseshoe let all 6 seeds measured within 1% by 80 trials. Over
+            seeds 0-5 of the ten planted jobs, within 1% at 40 trials: 32 runs against ARD's 34
+            (pair12 1 against 3), at 80: 52 against 46.
         max_design: at most this many design runs (:meth:`for_space`: half the budget).
         pair_draw: how much of the pairs' posterior spread a draw keeps (0: the pairs at their
             posterior mean, the main effects drawn; 1: a full Thompson draw). With more pairs
@@ -148,6 +155,7 @@ class FusionSampler(BaseSampler):
         max_design: int | None = None,
         pair_draw: float = 0.0,
         model: str = "horseshoe",
+        feasibility_model: str = "horseshoe",
     ) -> None:
         for name, d in search_space.items():
             if not isinstance(d, CategoricalDistribution):
@@ -165,6 +173,7 @@ class FusionSampler(BaseSampler):
         self.greedy_every = greedy_every
         self.model_options = dict(model_options or {})
         self.feasibility_pairs = feasibility_pairs
+        self.feasibility_model = feasibility_model
         self.max_design = max_design
         self.pair_draw = pair_draw
         if model not in RUNTIME_MODELS:
@@ -411,12 +420,20 @@ class FusionSampler(BaseSampler):
             for name in names:
                 k = self.coding.names.index(f"pass.{name}")
                 prior[self.coding.slices[k]] = value
-        model = BayesianLinearModel(
-            interactions=self.feasibility_pairs,
-            block=self.coding.block,
-            prior_mean=prior,
-            sparse_mains=True,  # few passes break the bound: a sparse prior per switch
-        )
+        if self.feasibility_model == "horseshoe":
+            model: BayesianLinearModel = HorseshoeModel(
+                interactions=self.feasibility_pairs,
+                block=self.coding.block,
+                prior_mean=prior,
+                main_horseshoe=True,  # few passes break the bound: a horseshoe per switch
+            )
+        else:
+            model = BayesianLinearModel(
+                interactions=self.feasibility_pairs,
+                block=self.coding.block,
+                prior_mean=prior,
+                sparse_mains=True,  # few passes break the bound: a sparse prior per switch
+            )
         return model.fit(hist.Xz, hist.z)
 
     def _likely_culprits(self, hist: History) -> set[int]:

@@ -547,9 +547,15 @@ class HorseshoeModel(BayesianLinearModel):
         main_horseshoe: bool = False,
         min_noise_sd: float = 0.02,
         seed: int = 0,
+        prior_mean: Sequence[float] | np.ndarray | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(interactions=interactions, block=block, min_noise_sd=min_noise_sd)
+        super().__init__(
+            interactions=interactions,
+            block=block,
+            min_noise_sd=min_noise_sd,
+            prior_mean=prior_mean,
+        )
         self.iterations = iterations
         self.burn = min(burn, max(0, iterations - 1))
         self.keep = keep
@@ -568,6 +574,14 @@ class HorseshoeModel(BayesianLinearModel):
             if known.any():
                 s2 = np.where(known, s * s, np.mean(s[known] ** 2))
                 rel = s2 / np.mean(s2)
+        # The prior is centred at prior_mean (the main effects a caller knows, e.g. a culprit's):
+        # the chain samples the departure from it, on the residual of the prior's prediction.
+        mu0 = np.zeros(p)
+        if self.prior_mean_main is not None:
+            if len(self.prior_mean_main) != d:
+                raise ValueError(f"prior_mean has {len(self.prior_mean_main)} entries for {d}")
+            mu0[1 : 1 + d] = self.prior_mean_main / self.scale
+        z = z - phi @ mu0
         rng = np.random.default_rng(self.seed)
         pairs = np.arange(p) > d
         mains = ~pairs
@@ -601,8 +615,8 @@ class HorseshoeModel(BayesianLinearModel):
                     draws.append(beta)
         if not means:  # no data: the prior
             means, draws = [np.zeros(p)], [np.zeros(p)]
-        self._draws_z = np.array(draws)
-        self._mean_z = np.mean(means, axis=0)
+        self._draws_z = np.array(draws) + mu0
+        self._mean_z = np.mean(means, axis=0) + mu0
         self._cov_z = np.cov(self._draws_z.T).reshape(p, p) if len(draws) > 1 else np.eye(p)
         self.noise_var = sig2
         self.posterior_mean = self._mean_z * self.scale

@@ -15,6 +15,7 @@ import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
+from scipy.special import ndtr
 
 from fusiontune.passes.base import FusionReport
 from fusiontune.tune._history import History
@@ -150,6 +151,32 @@ def test_a_pair_that_breaks_the_bound_only_together_is_no_culprit_alone() -> Non
         trial.set_user_attr(CONSTRAINT, BOUND * (error - 1.0))
         study.add_trial(trial)
     assert History(sampler, study.trials).observed_culprits() == {0}
+
+
+def test_the_feasibility_model_learns_a_pair_that_breaks_the_bound_only_together() -> None:
+    # 12 switches; P2 and P7 break the bound only both on. 40 random measured points: the
+    # feasibility model must let either alone through (the optimum of such a job has one on)
+    # and keep them off together.
+    d = 12
+    sampler = FusionSampler(dims(d), bound=BOUND, seed=0)
+    study = optuna.create_study(sampler=sampler)
+    rng = np.random.default_rng(7)
+    matched = {f"pass.P{i}": 1 for i in range(d)}
+    for _ in range(40):
+        bits = rng.random(d) < 0.5
+        params = {f"pass.P{i}": "on" if b else "off" for i, b in enumerate(bits)}
+        trial = _measured(params, matched, 1e-3)
+        error = (5.0 if bits[2] and bits[7] else 0.3) * rng.uniform(0.8, 1.2)
+        trial.set_user_attr(CONSTRAINT, BOUND * (error - 1.0))
+        study.add_trial(trial)
+    hist = History(sampler, study.trials)
+    feas = sampler._feasibility(hist)
+    assert feas is not None
+    rows = np.zeros((3, d), dtype=int)  # P2 alone, P7 alone, both (the rest off)
+    rows[0, 2] = rows[1, 7] = rows[2, 2] = rows[2, 7] = 1
+    mean, sd = feas.predict(sampler._features(rows))
+    p = ndtr(-mean / np.sqrt(sd**2 + feas.noise_sd**2))
+    assert p[0] > 0.8 and p[1] > 0.8 and p[2] < 0.2, p
 
 
 def test_fusion_batches_hold_distinct_points_and_a_seed_repeats_its_sweep() -> None:
