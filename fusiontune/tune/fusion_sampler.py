@@ -72,6 +72,11 @@ RUNTIME_MODELS: dict[str, type[BayesianLinearModel]] = {
     "horseshoe": HorseshoeModel,
     "ard": BayesianLinearModel,
 }
+# Few passes break the bound: the feasibility model's main effects are sparse, each its own prior.
+SPARSE_MAINS: dict[str, dict[str, bool]] = {
+    "horseshoe": {"main_horseshoe": True},
+    "ard": {"sparse_mains": True},
+}
 CULPRIT_PRIOR = MARGIN_CLIP  # a culprit switched on moves the margin by 2x this: from -3 to +3
 INEXACT_PRIOR = 1.0  # an inexact pass switched on: expected to raise the margin by 2
 
@@ -176,8 +181,9 @@ class FusionSampler(BaseSampler):
         self.feasibility_model = feasibility_model
         self.max_design = max_design
         self.pair_draw = pair_draw
-        if model not in RUNTIME_MODELS:
-            raise ValueError(f"model {model!r}: one of {', '.join(RUNTIME_MODELS)}")
+        for what, name in (("model", model), ("feasibility_model", feasibility_model)):
+            if name not in RUNTIME_MODELS:
+                raise ValueError(f"{what} {name!r}: one of {', '.join(RUNTIME_MODELS)}")
         self.model = model
         names = self.coding.names
         self._off = np.array([_index(c, "off") for c in self.coding.choices])
@@ -420,20 +426,12 @@ class FusionSampler(BaseSampler):
             for name in names:
                 k = self.coding.names.index(f"pass.{name}")
                 prior[self.coding.slices[k]] = value
-        if self.feasibility_model == "horseshoe":
-            model: BayesianLinearModel = HorseshoeModel(
-                interactions=self.feasibility_pairs,
-                block=self.coding.block,
-                prior_mean=prior,
-                main_horseshoe=True,  # few passes break the bound: a horseshoe per switch
-            )
-        else:
-            model = BayesianLinearModel(
-                interactions=self.feasibility_pairs,
-                block=self.coding.block,
-                prior_mean=prior,
-                sparse_mains=True,  # few passes break the bound: a sparse prior per switch
-            )
+        model = RUNTIME_MODELS[self.feasibility_model](
+            interactions=self.feasibility_pairs,
+            block=self.coding.block,
+            prior_mean=prior,
+            **SPARSE_MAINS[self.feasibility_model],
+        )
         return model.fit(hist.Xz, hist.z)
 
     def _likely_culprits(self, hist: History) -> set[int]:

@@ -314,6 +314,17 @@ class BayesianLinearModel:
         self.scale = spread if spread > 1e-12 else 1.0
         return self.design(X), (y - self.offset) / self.scale
 
+    def _prior_z(self, p: int) -> np.ndarray:
+        """The prior means of all ``p`` coefficients in standardised units (after
+        :meth:`_standardise`): ``prior_mean`` on the main effects, 0 elsewhere."""
+        mu0 = np.zeros(p)
+        if self.prior_mean_main is not None:
+            d = self.d
+            if len(self.prior_mean_main) != d:
+                raise ValueError(f"prior_mean has {len(self.prior_mean_main)} entries for {d}")
+            mu0[1 : 1 + d] = self.prior_mean_main / self.scale
+        return mu0
+
     def _fit(
         self, X: np.ndarray, y: np.ndarray, noise_sd: np.ndarray | Sequence[float] | None
     ) -> BayesianLinearModel:
@@ -323,11 +334,7 @@ class BayesianLinearModel:
         if noise_sd is not None:
             s = np.asarray(noise_sd, dtype=float).ravel() / self.scale
             s2 = np.where(np.isfinite(s), s * s, 0.0)
-        mu0 = np.zeros(p)
-        if self.prior_mean_main is not None:
-            if len(self.prior_mean_main) != d:
-                raise ValueError(f"prior_mean has {len(self.prior_mean_main)} entries for {d}")
-            mu0[1 : 1 + d] = self.prior_mean_main / self.scale
+        mu0 = self._prior_z(p)
         n_pairs = p - 1 - d
         # The pairs together start with as much prior variance as interaction_prior_sd**2 x d
         # (not per pair: hundreds of pairs would drown the main effects in every draw).
@@ -576,11 +583,7 @@ class HorseshoeModel(BayesianLinearModel):
                 rel = s2 / np.mean(s2)
         # The prior is centred at prior_mean (the main effects a caller knows, e.g. a culprit's):
         # the chain samples the departure from it, on the residual of the prior's prediction.
-        mu0 = np.zeros(p)
-        if self.prior_mean_main is not None:
-            if len(self.prior_mean_main) != d:
-                raise ValueError(f"prior_mean has {len(self.prior_mean_main)} entries for {d}")
-            mu0[1 : 1 + d] = self.prior_mean_main / self.scale
+        mu0 = self._prior_z(p)
         z = z - phi @ mu0
         rng = np.random.default_rng(self.seed)
         pairs = np.arange(p) > d

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import optuna
+import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 from scipy.special import ndtr
@@ -359,3 +360,10 @@ def test_a_pass_that_lost_its_ops_to_others_stays_searchable() -> None:
         study.add_trial(_measured({**on, f"pass.P{i}": "off"}, competitors, 1e-3))
     hist = History(sampler, study.trials)
     assert (hist.suspect, hist.inert) == ({5}, {5})
+
+
+def test_an_unknown_model_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="feasibility_model 'gp': one of horseshoe, ard"):
+        FusionSampler(dims(3), feasibility_model="gp")
+    with pytest.raises(ValueError, match="model 'gp': one of horseshoe, ard"):
+        FusionSampler(dims(3), model="gp")
