@@ -45,19 +45,22 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple, Protocol
 
 import numba
 
 from fusiontune.codegen.common import KernelSource
 from fusiontune.codegen.threading_layer import configure_threading
+from fusiontune.errors import UserError
 
 _MEMORY: dict[str, Callable[..., None]] = {}
 _LOCK = threading.Lock()
@@ -73,6 +76,31 @@ _FRESH_S = 10.0
 _GRACE_S = 1.0
 
 Identity = tuple[int, int, int]  # (inode, size, mtime_ns): "the same file I looked at"
+
+# A build with at least this many kernels missing from the disk cache compiles them in parallel
+# processes; fewer are not worth a process start (about 0.8 s to import numba and fusiontune).
+_POOL_MIN = 4
+COMPILE_JOBS_ENV = "FUSIONTUNE_COMPILE_JOBS"
+_JOBS: int | None = None
+
+
+class KernelText(Protocol):
+    """What the disk cache needs of a kernel: its key, its function's name, and its module."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
+
+
+class _Text(NamedTuple):
+    key: str
+    name: str
+    source: str
 
 
 def cache_dir() -> Path:
@@ -103,7 +131,7 @@ class CompiledKernel:
     source: str
 
 
-def module_text(src: KernelSource) -> str:
+def module_text(src: KernelText) -> str:
     """The exact text of ``src``'s cache module: a header with key and body digest, then the source.
 
     Args:
@@ -115,7 +143,7 @@ def module_text(src: KernelSource) -> str:
     return f"# fusiontune kernel {src.key} sha256 {_sha256(src.source.encode())}\n{src.source}"
 
 
-def compile_kernel(src: KernelSource) -> CompiledKernel:
+def compile_kernel(src: KernelText) -> CompiledKernel:
     """Return the compiled kernel for ``src``, compiling only on a miss of both caches.
 
     A damaged disk entry is quarantined, reported by one logged warning, and compiled again.
@@ -143,6 +171,136 @@ def compile_kernel(src: KernelSource) -> CompiledKernel:
     return CompiledKernel(
         fn, key, time.perf_counter() - t0, "disk" if _cache_hits(fn) else "compiled"
     )
+
+
+def compile_jobs() -> int:
+    """How many processes a build may compile its cold kernels with.
+
+    ``set_compile_jobs``, else ``$FUSIONTUNE_COMPILE_JOBS``, else the CPUs this process may run on.
+
+    Raises:
+        UserError: the variable is not a positive integer.
+    """
+    if _JOBS is not None:
+        return _JOBS
+    raw = os.environ.get(COMPILE_JOBS_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise UserError(f"{COMPILE_JOBS_ENV}={raw}: expected a positive integer")
+        return int(raw)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def set_compile_jobs(jobs: int | None) -> None:
+    """Compile with at most ``jobs`` processes in this process from now on (None: the default).
+
+    A Ray actor sets its CPU share, so that actors sharing a node do not each start one compile
+    process per core.
+    """
+    global _JOBS
+    _JOBS = jobs
+
+
+def compile_kernels(srcs: Sequence[KernelSource], jobs: int | None = None) -> list[CompiledKernel]:
+    """Each of ``srcs``' kernels, as :func:`compile_kernel` returns it, the cold ones in parallel.
+
+    When ``_POOL_MIN`` or more distinct kernels have no machine code on disk, this process and up
+    to ``jobs - 1`` child processes (``python -m fusiontune.codegen._compile_worker``) compile
+    them into the disk cache at once, each claiming the next unclaimed kernel; this process then
+    loads them all from the cache as usual. A child that fails or dies costs nothing but time:
+    whatever it did not leave in the cache is compiled here (and a kernel that cannot compile
+    raises here, as it would serially). Every kernel compiled by this build, here or in a child,
+    is reported as ``compiled`` with its compile seconds (they overlap in time).
+
+    Args:
+        srcs: kernels in any order; repeats are fine.
+        jobs: processes to compile with, this one included (default :func:`compile_jobs`).
+    """
+    jobs = compile_jobs() if jobs is None else jobs
+    pooled: dict[str, float] = {}
+    if jobs > 1:
+        cold = _cold([_Text(s.key, s.name, s.source) for s in srcs])
+        if len(cold) >= _POOL_MIN:
+            pooled = _compile_in_parallel(cold, jobs)
+    out = []
+    for src in srcs:
+        got = compile_kernel(src)
+        if got.key in pooled:
+            got = replace(got, seconds=got.seconds + pooled.pop(got.key), source="compiled")
+        out.append(got)
+    return out
+
+
+def _cold(texts: Sequence[_Text]) -> list[_Text]:
+    """The distinct kernels neither loaded in this process nor with machine code on disk."""
+    seen: set[str] = set()
+    cold = []
+    folder = cache_dir()
+    for t in texts:
+        if t.key in seen:
+            continue
+        seen.add(t.key)
+        with _LOCK:
+            if t.key in _MEMORY:
+                continue
+        if not _machine_files(folder / f"k_{t.key}.py"):
+            cold.append(t)
+    return cold
+
+
+def _compile_in_parallel(cold: Sequence[_Text], jobs: int) -> dict[str, float]:
+    """Compile ``cold`` into the disk cache with this process and ``jobs - 1`` children.
+
+    Returns:
+        The compile seconds of each kernel compiled here or by a child.
+    """
+    with tempfile.TemporaryDirectory(prefix="fusiontune-compile-") as tmp:
+        work = Path(tmp)
+        (work / "tasks.json").write_text(json.dumps([t._asdict() for t in cold]))
+        children = []
+        for _ in range(min(jobs, len(cold)) - 1):
+            try:
+                children.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "fusiontune.codegen._compile_worker", tmp],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+            except OSError:
+                break
+        seconds: dict[str, float] = {}
+        for t in claim_tasks(work):
+            try:
+                got = compile_kernel(t)
+            except Exception:
+                continue  # raised again, in order, by the caller's own compile of it
+            if got.source == "compiled":
+                seconds[t.key] = got.seconds
+        for child in children:
+            child.wait()
+        for t in cold:
+            done = work / f"{t.key}.s"
+            if done.exists():
+                seconds[t.key] = float(done.read_text())
+        return seconds
+
+
+def claim_tasks(work: Path) -> Iterator[_Text]:
+    """The kernels of a parallel build's task folder that this process claims first, in order.
+
+    A claim is a file created exclusively; the claimant of a kernel is the only one to compile it.
+    """
+    for t in json.loads((work / "tasks.json").read_text()):
+        try:
+            os.close(os.open(work / f"{t['key']}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        yield _Text(**t)
 
 
 def clear_memory_cache() -> None:
@@ -254,7 +412,9 @@ def _look(py: Path, text: str) -> _Entry:
     try:
         sums = _read_sums(py)
     except ValueError as e:
-        return _Entry(py, files, tuple(machine), recorded, damage or f"unreadable digests ({e})", module_ok)
+        return _Entry(
+            py, files, tuple(machine), recorded, damage or f"unreadable digests ({e})", module_ok
+        )
     if not damage:
         damage = _machine_damage(machine, sums or {})
     return _Entry(py, files, tuple(machine), recorded, damage, module_ok)
@@ -384,7 +544,7 @@ def _exec_module(py: Path, text: str, name: str) -> Callable[..., None]:
     return fn
 
 
-def _load_healing(src: KernelSource) -> Callable[..., None]:
+def _load_healing(src: KernelText) -> Callable[..., None]:
     py = cache_dir() / f"k_{src.key}.py"
     text = module_text(src)
     clean_failure: Exception | None = None
@@ -428,7 +588,7 @@ def _cache_hits(fn: Callable[..., None]) -> int:
     return sum(stats.cache_hits.values()) if stats is not None else 0
 
 
-def _load_private(src: KernelSource, py: Path, text: str) -> Callable[..., None]:
+def _load_private(src: KernelText, py: Path, text: str) -> Callable[..., None]:
     # The shared entry stayed damaged through every attempt (a file this process cannot move, or
     # writers that keep damaging it): compile in a folder of this process's own and drop it.
     folder = Path(tempfile.mkdtemp(prefix="fusiontune-kernel-"))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fusiontune.codegen.cache import compile_kernel
+from fusiontune.codegen.cache import compile_kernels
 from fusiontune.codegen.common import KernelSource
 from fusiontune.codegen.plan import group_sources
 from fusiontune.ir.graph import Graph
@@ -305,8 +305,8 @@ class Program:
         self._calls: list[tuple[Callable[..., None], tuple[np.ndarray, ...]]] = []
         infos: list[KernelInfo] = []
         t0 = time.perf_counter()
-        for group, src in sources:
-            compiled = compile_kernel(src)
+        compiled_all = compile_kernels([src for _, src in sources])
+        for (group, src), compiled in zip(sources, compiled_all, strict=True):
             args = src.call_args([self._view(a.value, a.shape) for a in src.args])
             self._calls.append((compiled.fn, args))
             infos.append(_info(group, src, compiled.seconds, compiled.source, compiled.key))

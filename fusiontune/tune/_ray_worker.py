@@ -158,9 +158,11 @@ class TuneWorker:
         # actors sharing a node use their CPU share, not one thread per core each.
         import numba
 
+        from fusiontune.codegen.cache import set_compile_jobs
         from fusiontune.codegen.threading_layer import set_num_threads
 
         set_num_threads(min(self.cpus, numba.config.NUMBA_NUM_THREADS))
+        set_compile_jobs(self.cpus)
 
     def info(self) -> dict[str, Any]:
         """Where this actor runs, and the workload error if the workload could not be built."""
