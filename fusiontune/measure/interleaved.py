@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fusiontune.measure.timing import MeasureConfig, Timing, time_callable
@@ -26,6 +26,7 @@ def interleaved_timings(
     min_sample_s: float = MIN_SAMPLE_S,
     *,
     rotate: bool = True,
+    stop: Callable[[Sequence[Sequence[float]]], Iterable[int]] | None = None,
 ) -> list[Timing]:
     """Time every callable once per round, round-robin, starting one further along each round.
 
@@ -49,6 +50,9 @@ def interleaved_timings(
             ``MeasureConfig()``).
         min_sample_s: the shortest sample wanted.
         rotate: start each round one further along (False: every round in list order).
+        stop: called after every round but the last with each callable's samples so far; the
+            callables whose indices it returns are not timed again (racing: their timings have
+            the samples of the rounds they ran).
 
     Returns:
         Per callable, in the order of ``fns``, its timing over its ``rounds`` samples.
@@ -67,13 +71,18 @@ def interleaved_timings(
         numbers.append(max(measure.number, math.ceil(target / one)))
     samples: list[list[float]] = [[] for _ in fns]
     n = len(fns)
+    stopped: set[int] = set()
     for r in range(rounds):
         for j in range(n):
             i = (r + j) % n if rotate else j
+            if i in stopped:
+                continue
             cfg = MeasureConfig(
                 warmup=0, number=numbers[i], repeat=1, flush_cache=measure.flush_cache
             )
             samples[i].extend(time_callable(fns[i], cfg).samples_s)
+        if stop is not None and r < rounds - 1:
+            stopped.update(stop(samples))
     return [Timing.from_samples(tuple(s), k) for s, k in zip(samples, numbers, strict=True)]
 
 

@@ -15,8 +15,9 @@ the earliest on a tie), marked ``noisy``. Every report of a noisy timing says so
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from fusiontune.measure.interleaved import MIN_SAMPLE_S, interleaved_timings
@@ -93,6 +94,7 @@ def time_interleaved(
     min_sample_s: float = MIN_SAMPLE_S,
     *,
     measure_round: MeasureRound = interleaved_timings,
+    stop: Callable[[Sequence[Sequence[float]]], Iterable[int]] | None = None,
 ) -> list[Timing]:
     """Time several callables interleaved (:func:`interleaved_timings`), with the noise check.
 
@@ -108,6 +110,8 @@ def time_interleaved(
             (default ``MeasureConfig()``).
         min_sample_s: the shortest sample wanted.
         measure_round: takes one interleaved measurement (a test injects samples here).
+        stop: racing (:func:`interleaved_timings`' ``stop``), passed to ``measure_round``; every
+            attempt races afresh.
 
     Returns:
         Per callable, in the order of ``fns``, its timing; ``attempts`` on each.
@@ -116,7 +120,10 @@ def time_interleaved(
     kept: list[Timing] | None = None
     attempts = 0
     while attempts <= cfg.retries:
-        timings = measure_round(fns, rounds, cfg, min_sample_s)
+        if stop is None:
+            timings = measure_round(fns, rounds, cfg, min_sample_s)
+        else:
+            timings = partial(measure_round, stop=stop)(fns, rounds, cfg, min_sample_s)
         attempts += 1
         if kept is None or _widest(timings, cfg) < _widest(kept, cfg):
             kept = timings

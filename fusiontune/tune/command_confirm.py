@@ -23,14 +23,13 @@ from typing import Any
 import numpy as np
 import optuna
 
-from fusiontune.measure.racing import RACE, clearly_worse
 from fusiontune.tune.confirm import (
-    Candidate,
     ConfirmedRow,
     confirmation_record,
     decide,
     format_confirmation,
     median_ci,
+    race_round,
     select_candidates,
 )
 from fusiontune.tune.store import Confirmation, StudyStore
@@ -101,7 +100,9 @@ def confirm_command(
         if target.racing and r < rounds - 1:
             live = [c for c in candidates if c.trial not in dropped and c.trial not in raced]
             raced.update(
-                _race_round(live, samples, errors, space.bound, defaults_trial, rounds, target.repeats)
+                race_round(
+                    live, samples, errors, space.bound, defaults_trial, rounds, target.repeats
+                )
             )
     rows = []
     for c in candidates:
@@ -124,34 +125,3 @@ def confirm_command(
     store.write_confirmation(record)
     echo(format_confirmation(record))
     return record
-
-
-def _race_round(
-    live: list[Candidate],
-    samples: dict[int, list[float]],
-    errors: dict[int, float],
-    bound: float,
-    defaults_trial: int | None,
-    rounds: int,
-    repeats: int,
-) -> dict[int, str]:
-    """The candidates raced out after a round: clearly slower than the best feasible one.
-
-    The race looks once per round that ends with 2 samples or more, but the last (``looks``), so
-    the chance to race out a candidate as fast as the best stays at most ``RACE.alpha``.
-    """
-    looks = sum(1 for q in range(rounds - 1) if (q + 1) * repeats >= RACE.min_runs)
-    feasible = [
-        c for c in live if c.feasible and errors[c.trial] <= bound and len(samples[c.trial]) >= 2
-    ]
-    if not feasible:
-        return {}
-    best = min(feasible, key=lambda c: (float(np.median(samples[c.trial])), c.trial))
-    out: dict[int, str] = {}
-    for c in live:
-        if c is best or c.trial == defaults_trial:
-            continue
-        decision = clearly_worse(samples[c.trial], samples[best.trial], rounds * repeats, looks=looks)
-        if decision.stop:
-            out[c.trial] = f"trial {c.trial} ({decision.describe(f'trial {best.trial}')})"
-    return out

@@ -10,6 +10,12 @@ too wide a spread is measured again, then flagged). Each gets the median of its 
 A winner is named only when its interval lies entirely below the defaults' interval; otherwise
 the defaults are recommended.
 
+Racing: after each round but the last, a candidate whose samples so far are clearly slower than
+the best feasible candidate's (:func:`race_round`: the sequential test of
+:mod:`fusiontune.measure.racing`, its level split over the rounds that look) is not timed again;
+its row keeps the samples of the rounds it ran, and the note names it. The defaults are never
+raced out. The rounds it saves shorten the confirmation.
+
 For a command target (the user's own job), :mod:`fusiontune.tune.command_confirm` does the same
 by running the job again.
 """
@@ -19,9 +25,10 @@ from __future__ import annotations
 import math
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
 
@@ -35,6 +42,7 @@ from fusiontune.measure import (
     metric_value,
     time_interleaved,
 )
+from fusiontune.measure.racing import RACE, clearly_worse
 from fusiontune.tune.store import (
     DEFAULTS,
     Confirmation,
@@ -236,6 +244,50 @@ def decide(
     )
 
 
+def race_round(
+    live: Sequence[Candidate],
+    samples: Mapping[int, Sequence[float]],
+    errors: Mapping[int, float],
+    bound: float,
+    defaults_trial: int | None,
+    rounds: int,
+    repeats: int = 1,
+) -> dict[int, str]:
+    """The candidates raced out after a round: clearly slower than the best feasible one.
+
+    The race looks once per round that ends with 2 samples or more, but the last (``looks``), so
+    the chance to race out a candidate as fast as the best stays at most ``RACE.alpha``. The
+    defaults are never raced out: the winner is decided against them.
+
+    Args:
+        live: the candidates still timed.
+        samples, errors: per trial, its samples so far and its error.
+        bound: the accuracy bound (only a candidate within it can be the best).
+        defaults_trial: the defaults' trial number.
+        rounds: rounds of the whole confirmation; repeats: samples per candidate and round.
+
+    Returns:
+        Trial number -> why it was raced out (``trial 7 (...)``).
+    """
+    looks = sum(1 for q in range(rounds - 1) if (q + 1) * repeats >= RACE.min_runs)
+    feasible = [
+        c for c in live if c.feasible and errors[c.trial] <= bound and len(samples[c.trial]) >= 2
+    ]
+    if not feasible:
+        return {}
+    best = min(feasible, key=lambda c: (float(np.median(samples[c.trial])), c.trial))
+    out: dict[int, str] = {}
+    for c in live:
+        if c is best or c.trial == defaults_trial:
+            continue
+        decision = clearly_worse(
+            samples[c.trial], samples[best.trial], rounds * repeats, looks=looks
+        )
+        if decision.stop:
+            out[c.trial] = f"trial {c.trial} ({decision.describe(f'trial {best.trial}')})"
+    return out
+
+
 def confirm(
     study: optuna.Study,
     workload: Workload,
@@ -284,7 +336,31 @@ def confirm(
             dropped.append(f"trial {c.trial} ({type(e).__name__}: {e})")
             continue
         built.append((c, program.execute, error))
-    timings = time_interleaved([fn for _, fn, _ in built], rounds, space.measure) if built else []
+    raced: dict[int, str] = {}
+
+    def race(samples: Sequence[Sequence[float]]) -> list[int]:
+        live = [i for i in range(len(built)) if built[i][0].trial not in raced]
+        out = race_round(
+            [built[i][0] for i in live],
+            {built[i][0].trial: samples[i] for i in live},
+            {c.trial: error for c, _, error in built},
+            space.bound,
+            defaults_trial,
+            rounds,
+        )
+        raced.update(out)
+        return [i for i in live if built[i][0].trial in out]
+
+    def attempt(samples: Sequence[Sequence[float]]) -> list[int]:
+        if all(len(s) == 1 for s in samples):  # a new attempt of the noise check races afresh
+            raced.clear()
+        return race(samples)
+
+    timings = (
+        time_interleaved([fn for _, fn, _ in built], rounds, space.measure, stop=attempt)
+        if built
+        else []
+    )
     rows = []
     for (c, _, error), t in zip(built, timings, strict=True):
         ok = c.feasible and math.isfinite(error) and error <= space.bound
@@ -295,6 +371,8 @@ def confirm(
             )
         )
     winner, distinguishable, note = decide(rows, defaults_trial)
+    if raced:
+        note += f"; not timed again, clearly slower than the best: {', '.join(raced.values())}"
     if dropped:
         note += f"; could not be rebuilt here: {', '.join(dropped)}"
     store = StudyStore(study)

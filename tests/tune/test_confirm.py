@@ -26,13 +26,16 @@ from fusiontune.tune.study import run_tune
 from fusiontune.workloads import make_workload
 from fusiontune.workloads.space import load_space
 
-SPACE = (Path(__file__).resolve().parents[1] / "data" / "tiny_space.toml").read_text() + """\
+SPACE = (
+    (Path(__file__).resolve().parents[1] / "data" / "tiny_space.toml").read_text()
+    + """\
 [search]
 sampler = "random"
 seed = 0
 top_k = 3
 workers = 0
 """
+)
 
 
 # ---- the interval --------------------------------------------------------------------------------
@@ -105,6 +108,23 @@ def test_measure_interleaved_rotates_the_order_every_round():
     assert timed == "abcbcacab"
 
 
+def test_interleaved_timings_stop_timing_what_the_race_stops():
+    from fusiontune.measure import MeasureConfig
+    from fusiontune.measure.interleaved import interleaved_timings
+
+    looks: list[list[int]] = []
+
+    def stop(samples):
+        looks.append([len(s) for s in samples])
+        return [1] if len(samples[0]) == 2 else []
+
+    timings = interleaved_timings(
+        [lambda: None] * 3, 5, MeasureConfig(warmup=0, number=1), 0.0, stop=stop
+    )
+    assert [len(t.samples_s) for t in timings] == [5, 2, 5]
+    assert looks == [[1, 1, 1], [2, 2, 2], [3, 2, 3], [4, 2, 4]]  # after every round but the last
+
+
 def test_measure_interleaved_tells_a_slow_callable_from_a_fast_one():
     samples = measure_interleaved(
         [lambda: time.sleep(0.002), lambda: None], rounds=5, min_sample_s=0.0
@@ -146,7 +166,8 @@ def test_confirm_on_a_real_run_stores_the_schema(tuned):
     assert record.defaults_trial == 0 and record.node and record.finished == store.count_finished()
     assert (record.winner_trial is not None) == record.distinguishable
     for r in record.rows:
-        assert r.ci_low_s <= r.median_s <= r.ci_high_s and r.samples == 6
+        assert r.ci_low_s <= r.median_s <= r.ci_high_s
+        assert r.samples == 6 or f"clearly slower than the best: trial {r.trial} (" in record.note
     assert "confirmation" in lines[0] and record.note in lines[0]
 
 
@@ -204,3 +225,34 @@ def test_the_shortlist_takes_the_sweeps_best_and_the_models_best_in_turn(tuned):
     programs = [c.program_hash for c in candidates]
     assert by_model[0].program_hash in programs
     assert len(select_candidates(study, 2)[0]) <= 3  # without the space: the sweep's order only
+
+
+def test_the_confirmation_stops_timing_a_clearly_slower_candidate(tuned, monkeypatch):
+    """Synthetic programs: one candidate takes 3 ms a call, the defaults and the rest 0.3 ms."""
+    url, space, workload = tuned
+    study = optuna.load_study(study_name="c", storage=url)
+    candidates, _ = select_candidates(study, 2, space)
+    slow_key = next(c.config.key() for c in candidates if c.trial != 0)
+
+    class Synthetic:
+        def __init__(self, slow: bool) -> None:
+            self.seconds = 3e-3 if slow else 3e-4
+
+        def run(self, inputs):
+            return {k: np.asarray(v, dtype=np.float32) for k, v in workload.reference.items()}
+
+        def bind(self, inputs) -> None:
+            return None
+
+        def execute(self) -> None:
+            time.sleep(self.seconds)
+
+    def fake_build(workload, config):
+        return type("Built", (), {"program": Synthetic(slow=config.key() == slow_key)})()
+
+    monkeypatch.setattr("fusiontune.tune.evaluate.build_candidate", fake_build)
+    record = confirm(study, workload, space, top_k=2, rounds=8, echo=lambda s: None)
+    slow = next(r for r in record.rows if r.trial != 0 and r.config_key == slow_key)
+    assert 2 <= slow.samples < 8
+    assert all(r.samples == 8 for r in record.rows if r is not slow)
+    assert f"clearly slower than the best: trial {slow.trial} (" in record.note
