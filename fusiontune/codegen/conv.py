@@ -76,11 +76,26 @@ with im2col on 1x1 convs (no patch copy either way). im2col wins every strided d
 wins every depthwise conv (1.5x to 2.7x over the next): there the GEMM is a (1 x 9) by (9 x P)
 product, so the BLAS calls cost more than the arithmetic.
 
-``choose_conv_algo`` encodes the current result: ``packed`` beat the best of the other three on
-every shape of that table but a strided depthwise conv with a large output; the depthwise-like
-convs (group > 1 and K = C/group * kh * kw below :data:`DIRECT_MAX_K`) run direct when their
-output is tiny (:data:`DIRECT_MAX_POSITIONS`) or strided and large
-(:data:`DIRECT_STRIDED_POSITIONS`).
+``choose_conv_algo`` encodes the current result: ``packed`` beats the others on dense convs. The
+depthwise-like convs (group > 1 and K = C/group * kh * kw below :data:`DIRECT_MAX_K`) were measured
+apart, every grouped conv of the real corpus (EfficientNet-B0, MobileNetV3, ConvNeXt) and five
+MobileNet-style ones, on the 2-core AMD EPYC, 2 threads, medians of 9 interleaved rounds, a
+Sigmoid epilogue (us; direct / plane / packed):
+
+    dw3x3 s2  8 @32     5.1 /  6.8 /  7.1      dw3x3    8 @32     9.0 /  9.0 / 11.0
+    dw3x3 s2 24 @16     4.0 /  6.4 / 13.7      dw3x3   96 @16    42.7 / 16.0 / 23.8
+    dw3x3 s2 48 @32    30.1 / 36.0 / 39.3      dw3x3  256 @28   173  /  67  /  84
+    dw5x5 s2 48 @16    27.7 / 26.4 / 25.6      dw3x3  144 @56   227  / 132  / 157
+    dw5x5 s2 192 @4     4.4 / 17.2 / 28.8      dw3x3   32 @112  181  / 136  / 108
+    dw3x3 s2 96 @112  169   / 473  / 521       dw3x3   24 @8      3.8 /  4.0 /  3.5
+    dw7x7   64 @2       1.2 /  8.5 /  6.5      dw5x5  240 @14   231  /  45  /  36
+    dw7x7   32 @4       3.3 /  6.0 /  4.9      dw7x7   16 @8     12.9 /  5.1 /  5.2
+
+A strided one runs direct (it won 7 of the 8 strided shapes, up to 6.6x over packed); a stride-1
+one with fewer than :data:`DIRECT_MAX_POSITIONS` outputs too; a stride-1 3x3 (or smaller) one with
+at least :data:`PLANE_MIN_POSITIONS` outputs whose padded plane fits :data:`PLANE_MAX_POINTS`
+runs ``plane`` (1.2x to 1.5x over packed from 16x16 to 56x56; at 112x112 the plane leaves L1 and
+packed wins); the rest packed.
 
 Index arithmetic: an epilogue whose ops all vectorize (no libm call: ``math="approx"``, or no
 transcendental at all) casts its position indices to unsigned. numba wraps a negative signed
@@ -136,7 +151,7 @@ from fusiontune.codegen.rules import SCALAR_RULES, literal, scalar_expr
 from fusiontune.ir.graph import Node, Shape
 from fusiontune.ir.ops import get_op
 
-CONV_ALGOS = ("im2col", "direct", "shifted", "packed")
+CONV_ALGOS = ("im2col", "direct", "shifted", "packed", "plane")
 """Values of a group's ``schedule["conv_algo"]`` (absent: :func:`choose_conv_algo` decides)."""
 
 COL_BYTES = 512 * 1024
@@ -150,31 +165,35 @@ would be too short to pay for reordering the weights every call (3x3 512->512 @7
 im2col 3.4 ms, shifted 4.9; @14, 196 positions: shifted wins)."""
 DIRECT_MB = 4
 """Output channels a direct task accumulates together (each input row it loads serves all of them)."""
-DIRECT_MAX_K = 32
-"""A conv whose reduction length C/group * kh * kw is below this runs direct (depthwise 3x3: 9)."""
+DIRECT_MAX_K = 64
+"""A grouped conv whose reduction length C/group * kh * kw is below this is depthwise-like
+(depthwise 3x3: 9, 7x7: 49)."""
 DIRECT_MAX_POSITIONS = 64
 """A depthwise-like conv with fewer output positions per image runs direct: the packed kernel's
 per-task setup (a padded copy of one channel, a scratch block) outweighs 16 or 4 outputs
 (dw 3x3 @4x4, 144 channels: direct 12 us, packed 16; @2x2, 288: 6 vs 29)."""
-DIRECT_STRIDED_POSITIONS = 1024
-"""A strided depthwise-like conv with at least this many output positions runs direct (dw 3x3 s2
-96 @112: direct 0.80 ms, packed 0.92); below it packed gathers the phase planes faster (48 @32:
-37 us vs 52)."""
+PLANE_MIN_POSITIONS = 256
+"""A stride-1 depthwise 3x3 with at least this many output positions may run plane (16x16: 16 us
+against packed's 24; 8x8: 4.0 against 3.5)."""
+PLANE_MAX_POINTS = 64 * 64
+"""...and a padded input plane of at most this many points (58x58 at 56x56: 132 us against 157;
+114x114: 136 against 108)."""
 
 
 def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, stride: tuple[int, int] = (1, 1), group: int = 1,
-                     positions: int = SHIFT_MIN_POSITIONS) -> str:
+                     positions: int = SHIFT_MIN_POSITIONS, plane: int = 0) -> str:
     """The algorithm the measurements favour for a conv with ``cg`` input and ``mg`` output
-    channels per group, a ``kh x kw`` kernel, ``stride``, ``group`` groups and ``positions``
-    output positions per image (see the module docstring): ``packed``, except for a
-    depthwise-like conv (several groups, a reduction shorter than :data:`DIRECT_MAX_K`) with
-    fewer than :data:`DIRECT_MAX_POSITIONS` output positions, or strided with at least
-    :data:`DIRECT_STRIDED_POSITIONS`, which runs ``direct``."""
+    channels per group, a ``kh x kw`` kernel, ``stride``, ``group`` groups, ``positions``
+    output positions per image and a padded input plane of ``plane`` points (see the module
+    docstring): ``packed``, except for a depthwise-like conv (several groups, a reduction shorter
+    than :data:`DIRECT_MAX_K`), which runs ``direct`` when strided or with fewer than
+    :data:`DIRECT_MAX_POSITIONS` output positions, and ``plane`` when it is a 3x3 (or smaller)
+    with at least :data:`PLANE_MIN_POSITIONS` and a plane of at most :data:`PLANE_MAX_POINTS`."""
     if group > 1 and cg * kh * kw < DIRECT_MAX_K:
-        if positions < DIRECT_MAX_POSITIONS:
+        if tuple(stride) != (1, 1) or positions < DIRECT_MAX_POSITIONS:
             return "direct"
-        if tuple(stride) != (1, 1) and positions >= DIRECT_STRIDED_POSITIONS:
-            return "direct"
+        if kh * kw <= 9 and positions >= PLANE_MIN_POSITIONS and 0 < plane <= PLANE_MAX_POINTS:
+            return "plane"
     return "packed"
 
 
@@ -373,7 +392,8 @@ def generate_conv_kernel(
     CG, MG = win.c // group, M // group
     K = CG * win.kh * win.kw
     P = win.oh * win.ow
-    algo = schedule.get("conv_algo") or choose_conv_algo(CG, MG, win.kh, win.kw, (win.sh, win.sw), group, P)
+    plane = (win.h + win.ph + win.pe_h) * (win.w + win.pw + win.pe_w)
+    algo = schedule.get("conv_algo") or choose_conv_algo(CG, MG, win.kh, win.kw, (win.sh, win.sw), group, P, plane)
     if algo not in CONV_ALGOS:
         raise ValueError(f"schedule conv_algo={algo!r}: expected one of {CONV_ALGOS}")
     pro_full: list[str] = []
@@ -486,6 +506,9 @@ def generate_conv_kernel(
         # imported by its full name, so that the kernel cache key covers microkernel.py
         imports = ["from fusiontune.codegen.microkernel import dispatcher",
                    f"uk = dispatcher({dtype!r})"]
+    elif algo == "plane":
+        lines += _plane_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
+        imports = []
     else:
         lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
         imports = []
@@ -660,49 +683,124 @@ about 0.1 us to start (scratch row, index arithmetic), measured as most of a 16x
 layer's time when every task was one output row."""
 
 
+DIRECT_EPILOGUE_RUN = 32
+"""Output positions a direct unit holds at least (whole rows): its epilogue then runs over that
+many contiguous positions. Per row, a depthwise 5x5 192 @4x4 with a SiLU epilogue took 30 us
+against 12 without the SiLU: a 4-wide row left exp_f32 scalar."""
+
+
 def _direct_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, aw: str,
                  body: Sequence[str], parallel: bool) -> list[str]:
-    """One unit per (image, group, block of :data:`DIRECT_MB` output channels, output row): it
-    accumulates the row over the input channels and taps (inner loop over the output row), then
-    applies the epilogue to it. Units are dealt to tasks in runs of at least
-    :data:`DIRECT_TASK_OUTPUTS` outputs, with one scratch row per task."""
+    """One unit per (image, group, block of :data:`DIRECT_MB` output channels, block of output
+    rows holding at least :data:`DIRECT_EPILOGUE_RUN` positions): it accumulates each row over
+    the input channels and taps (inner loop over the output row), then applies the epilogue to
+    the block's rows as one run. Units are dealt to tasks in runs of at least
+    :data:`DIRECT_TASK_OUTPUTS` outputs, with one scratch block per task."""
     mb = min(DIRECT_MB, mg)
     mblk = -(-mg // mb)
+    rows = min(win.oh, max(1, -(-DIRECT_EPILOGUE_RUN // win.ow)))
+    rblk = -(-win.oh // rows)
     prange = "numba.prange" if parallel else "range"
-    units = win.n * group * mblk * win.oh
+    units = win.n * group * mblk * rblk
     threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
-    per = max(1, min(-(-DIRECT_TASK_OUTPUTS // (mb * win.ow)), -(-units // (2 * threads))))
+    per = max(1, min(-(-DIRECT_TASK_OUTPUTS // (mb * rows * win.ow)), -(-units // (2 * threads))))
     ntask = -(-units // per)
     return [
         f"    for t in {prange}({ntask}):",
-        f"        acc_row = np.empty(({mb}, {win.ow}), dtype=np.{dtype})",
+        f"        acc_blk = np.empty(({mb}, {rows * win.ow}), dtype=np.{dtype})",
         f"        for v in range(t * {per}, min((t + 1) * {per}, {units})):",
-        f"            oh = v % {win.oh}",
-        f"            u = v // {win.oh}",
+        f"            oh0 = (v % {rblk}) * {rows}",
+        f"            oh1 = min(oh0 + {rows}, {win.oh})",
+        f"            u = v // {rblk}",
         f"            m0 = (u % {mblk}) * {mb}",
         f"            u = u // {mblk}",
         f"            g = u % {group}",
         f"            n = u // {group}",
         f"            nm = min({mb}, {mg} - m0)",
-        "            acc_row[:] = 0.0",
-        f"            for c in range({cg}):",
-        f"                ci = g * {cg} + c",
-        f"                for kh in range({win.kh}):",
-        f"                    ih = oh * {win.sh} - {win.ph} + kh * {win.dh}",
-        f"                    if ih < 0 or ih >= {win.h}:",
-        "                        continue",
-        f"                    for kw in range({win.kw}):",
-        *col_range(win, "                        "),
-        "                        for j in range(nm):",
-        f"                            wv = {aw}[g * {mg} + m0 + j, c, kh, kw]",
-        "                            for ow in range(lo, hi):",
-        f"                                acc_row[j, ow] += wv * {ax}[n, ci, ih, ow * {win.sw} + off]",
+        "            acc_blk[:] = 0.0",
+        "            for oh in range(oh0, oh1):",
+        f"                q0 = (oh - oh0) * {win.ow}",
+        f"                for c in range({cg}):",
+        f"                    ci = g * {cg} + c",
+        f"                    for kh in range({win.kh}):",
+        f"                        ih = oh * {win.sh} - {win.ph} + kh * {win.dh}",
+        f"                        if ih < 0 or ih >= {win.h}:",
+        "                            continue",
+        f"                        for kw in range({win.kw}):",
+        *col_range(win, "                            "),
+        "                            for j in range(nm):",
+        f"                                wv = {aw}[g * {mg} + m0 + j, c, kh, kw]",
+        "                                for ow in range(lo, hi):",
+        f"                                    acc_blk[j, numba.uint64(q0 + ow)] += wv * {ax}[n, ci, ih, ow * {win.sw} + off]",
+        "            run = (oh1 - oh0) * ow_n",
         "            for j in range(nm):",
         f"                m = g * {mg} + m0 + j",
-        "                for ow in range(ow_n):",
-        f"                    p = {_ix(f'oh * {win.ow} + ow')}",
-        "                    acc = acc_row[j, ow]",
+        "                for q in range(run):",
+        f"                    p = {_ix(f'oh0 * {win.ow} + q')}",
+        "                    acc = acc_blk[j, q]",
         *_epilogue_lines(body, "                    "),
+    ]
+
+
+def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, aw: str,
+                body: Sequence[str], parallel: bool) -> list[str]:
+    """One unit per (image, group): the group's input planes are copied into zero-padded scratch
+    planes (their borders are zeroed once per task), then every output channel of the group sums
+    its taps over the whole output plane with no bounds to test: at stride 1 the plane is one flat
+    run over the padded-width grid (``acc[q] += w * xp[tap offset + q]``, the ``wp - ow`` extra
+    columns per row computed and dropped), so each tap is one long vectorized loop however small
+    the output rows are. Then the epilogue runs over the plane."""
+    hp = max(win.h + win.ph + win.pe_h, (win.oh - 1) * win.sh + (win.kh - 1) * win.dh + 1)
+    wp = max(win.w + win.pw + win.pe_w, (win.ow - 1) * win.sw + (win.kw - 1) * win.dw + 1)
+    unit = win.sh == 1 and win.sw == 1
+    wg = wp if unit else win.ow  # the accumulator grid's row width
+    size = hp * wp + (win.kw - 1) * win.dw  # the flat run of the last row's taps reads past the plane
+    prange = "numba.prange" if parallel else "range"
+    units = win.n * group
+    threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
+    per = max(1, min(-(-DIRECT_TASK_OUTPUTS // (mg * win.oh * win.ow)), -(-units // (2 * threads))))
+    ntask = -(-units // per)
+    # Unsigned indices and trip counts LLVM cannot see, so that the tap loops vectorize (module
+    # docstring, "Index arithmetic"): nothing here is ever negative.
+    if unit:
+        taps = ["                            for q in range(nq):",
+                "                                acc_g[numba.uint64(q)] += wv * xr[numba.uint64(base + q)]"]
+    else:
+        taps = [f"                            for oh in range({win.oh}):",
+                f"                                r = base + oh * {win.sh * wp}",
+                f"                                o = oh * {win.ow}",
+                "                                for ow in range(ow_n):",
+                f"                                    acc_g[numba.uint64(o + ow)] += wv * xr[numba.uint64(r + ow * {win.sw})]"]
+    return [
+        f"    nq = (ow_n + {wp - win.ow}) * {win.oh}",
+        f"    for t in {prange}({ntask}):",
+        f"        xp = np.zeros(({cg}, {size}), dtype=np.{dtype})",
+        f"        acc_g = np.empty({win.oh * wg}, dtype=np.{dtype})",
+        f"        for v in range(t * {per}, min((t + 1) * {per}, {units})):",
+        f"            g = v % {group}",
+        f"            n = v // {group}",
+        f"            for c in range({cg}):",
+        "                xr = xp[c]",
+        f"                for ih in range({win.h}):",
+        f"                    xi = {ax}[n, g * {cg} + c, ih]",
+        f"                    r = (ih + {win.ph}) * {wp} + {win.pw}",
+        f"                    for iw in range({win.w}):",
+        "                        xr[numba.uint64(r + iw)] = xi[iw]",
+        f"            for j in range({mg}):",
+        f"                m = g * {mg} + j",
+        "                acc_g[:] = 0.0",
+        f"                for c in range({cg}):",
+        "                    xr = xp[c]",
+        f"                    for kh in range({win.kh}):",
+        f"                        for kw in range({win.kw}):",
+        f"                            wv = {aw}[m, c, kh, kw]",
+        f"                            base = kh * {win.dh * wp} + kw * {win.dw}",
+        *taps,
+        f"                for oh in range({win.oh}):",
+        "                    for ow in range(ow_n):",
+        f"                        p = {_ix(f'oh * {win.ow} + ow')}",
+        f"                        acc = acc_g[oh * {wg} + ow]",
+        *_epilogue_lines(body, "                        "),
     ]
 
 

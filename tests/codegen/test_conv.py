@@ -62,7 +62,7 @@ GRID = {
 }
 
 
-@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed"])
+@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed", "plane"])
 @pytest.mark.parametrize("case", list(GRID))
 def test_conv_algorithm_matches_reference(case: str, algo: str) -> None:
     xs, ws, attrs, bias = GRID[case]
@@ -98,7 +98,7 @@ def _epilogue_block(g: GraphBuilder) -> tuple[Tensor, ...]:
     return r, g.op("Clip", r, min=0.0, max=1.5), g.op("HardSwish", y)
 
 
-@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed"])
+@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed", "plane"])
 def test_conv_epilogue_bn_residual_relu_clip_hardswish(algo: str) -> None:
     graph = _graph(_epilogue_block)
     src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": algo})
@@ -193,11 +193,14 @@ def test_conv_prologue_is_refused_where_the_rule_picks_another_algorithm() -> No
         kernel_source(graph, [n.name for n in graph.nodes])
 
 
-def test_conv_algo_rule_packed_but_direct_for_small_or_large_strided_depthwise() -> None:
-    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=784) == "packed"  # depthwise, unit stride
+def test_conv_algo_rule_packed_but_direct_or_plane_for_depthwise() -> None:
+    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=784, plane=900) == "plane"  # 28x28
+    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=12544, plane=12996) == "packed"  # 112x112
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=196, plane=324) == "packed"  # 5x5 @14
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=16) == "direct"  # depthwise, 4x4 output
+    assert choose_conv_algo(1, 1, 7, 7, group=32, positions=16) == "direct"  # 7x7, 4x4 output
     assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32, positions=3136) == "direct"  # strided, 56x56
-    assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32, positions=256) == "packed"  # strided, 16x16
+    assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32, positions=256) == "direct"  # strided, 16x16
     assert choose_conv_algo(64, 64, 3, 3) == "packed"
     assert choose_conv_algo(512, 512, 3, 3, positions=49) == "packed"
     assert choose_conv_algo(3, 64, 7, 7, (2, 2)) == "packed"  # strided stem
