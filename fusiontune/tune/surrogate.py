@@ -40,7 +40,7 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
-from scipy.linalg import solve_triangular
+from scipy.linalg import get_lapack_funcs
 
 ON = "on"
 OFF = "off"
@@ -594,8 +594,13 @@ class HorseshoeModel(BayesianLinearModel):
         floor2 = self.min_noise_sd**2
         means, draws = [], []
         stride = max(1, (self.iterations - self.burn) // max(1, self.keep))
+        # Loop invariants hoisted: the chain runs hundreds of sweeps per fit, at sizes where
+        # numpy's per-call overhead is most of a sweep's time.
+        n_pairs, n_mains = int(pairs.sum()), int(mains.sum())
+        shape_pairs, shape_mains = (n_pairs + 1) / 2, (n_mains + 1) / 2
+        mains_local = 1 if not self.main_horseshoe else None
         for it in range(self.iterations if n else 0):
-            prior_var = np.where(pairs, tau2 * lam2, tau2m * (lam2 if self.main_horseshoe else 1))
+            prior_var = np.where(pairs, tau2 * lam2, tau2m * (lam2 if mains_local is None else 1))
             prior_var[0] = 100.0  # the intercept of standardised y: flat in effect
             beta, mean = _gaussian_draw(phi, z, prior_var, sig2 * rel, rng)
             resid = z - phi @ beta
@@ -603,14 +608,14 @@ class HorseshoeModel(BayesianLinearModel):
             b2 = beta * beta
             lam2 = 1.0 / rng.gamma(1.0, 1.0 / (1.0 / nu + b2 / (2 * np.where(pairs, tau2, tau2m))))
             nu = 1.0 / rng.gamma(1.0, 1.0 / (1.0 + 1.0 / lam2))
-            if pairs.any():
+            if n_pairs:
                 rate = 1.0 / xi + float(np.sum(b2[pairs] / lam2[pairs])) / 2
-                tau2 = 1.0 / rng.gamma((pairs.sum() + 1) / 2, 1.0 / rate)
+                tau2 = 1.0 / rng.gamma(shape_pairs, 1.0 / rate)
                 xi = 1.0 / rng.gamma(1.0, 1.0 / (1.0 + 1.0 / tau2))
-            if mains.any():
-                local = lam2[mains] if self.main_horseshoe else 1.0
+            if n_mains:
+                local = lam2[mains] if mains_local is None else 1.0
                 rate = 1.0 / xim + float(np.sum(b2[mains] / local)) / 2
-                tau2m = 1.0 / rng.gamma((mains.sum() + 1) / 2, 1.0 / rate)
+                tau2m = 1.0 / rng.gamma(shape_mains, 1.0 / rate)
                 xim = 1.0 / rng.gamma(1.0, 1.0 / (1.0 + 1.0 / tau2m))
             if it >= self.burn:
                 means.append(mean)
@@ -659,15 +664,15 @@ def _gaussian_draw(
     n, p = phi.shape
     if n < p:
         pa = phi * prior_var
-        chol = np.linalg.cholesky(pa @ phi.T + np.diag(v) + 1e-10 * np.eye(n))
+        chol = _cholesky(pa @ phi.T + np.diag(v) + 1e-10 * np.eye(n))
         u = rng.standard_normal(p) * np.sqrt(prior_var)
         delta = rng.standard_normal(n) * np.sqrt(v)
         solved = _chol_solve(chol, np.stack([z, z - phi @ u - delta], axis=1))
         return u + pa.T @ solved[:, 1], pa.T @ solved[:, 0]
     w = 1.0 / v
-    chol = np.linalg.cholesky((phi.T * w) @ phi + np.diag(1.0 / prior_var))
+    chol = _cholesky((phi.T * w) @ phi + np.diag(1.0 / prior_var))
     mean = _chol_solve(chol, phi.T @ (w * z))
-    draw = mean + solve_triangular(chol.T, rng.standard_normal(p), lower=False, check_finite=False)
+    draw = mean + _upper_solve(chol.T, rng.standard_normal(p))
     return draw, mean
 
 
@@ -687,5 +692,34 @@ def one_blas_thread() -> Any:
 
 def _chol_solve(chol: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Solve (L L^T) x = b with L lower triangular."""
-    t = solve_triangular(chol, b, lower=True, check_finite=False)
-    return solve_triangular(chol.T, t, lower=False, check_finite=False)
+    return _upper_solve(chol.T, _lower_solve(chol, b))
+
+
+def _lower_solve(chol: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``solve_triangular(chol, b, lower=True)`` for a C-ordered ``chol``: the same LAPACK call
+    (trtrs on the transpose), without scipy's argument checks, which cost more than the solve
+    at these sizes (the Gibbs chains make two per draw)."""
+    x, info = _trtrs(chol.T, b, lower=0, trans=1)
+    if info:
+        raise np.linalg.LinAlgError(f"singular triangular factor (trtrs info {info})")
+    return x
+
+
+def _upper_solve(upper_f: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``solve_triangular(upper_f, b, lower=False)`` for a Fortran-ordered ``upper_f`` (the
+    transpose of a C-ordered lower factor): the same LAPACK call, unchecked."""
+    x, info = _trtrs(upper_f, b, lower=0, trans=0)
+    if info:
+        raise np.linalg.LinAlgError(f"singular triangular factor (trtrs info {info})")
+    return x
+
+
+def _cholesky(a: np.ndarray) -> np.ndarray:
+    """``np.linalg.cholesky(a)`` (C-ordered, lower) by LAPACK's potrf, unchecked."""
+    low, info = _potrf(a, lower=1, clean=1)  # numpy's own call: a symmetric a in Fortran order
+    if info:
+        raise np.linalg.LinAlgError("Matrix is not positive definite")
+    return np.ascontiguousarray(low)
+
+
+_trtrs, _potrf = get_lapack_funcs(("trtrs", "potrf"), (np.zeros((1, 1)),))
