@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -277,9 +277,7 @@ class Program:
         single_threaded_blas()
         self.fused = fused
         self.graph: Graph = fused.graph
-        sources = group_sources(fused)
-        self.plan = plan_buffers(fused, [src for _, src in sources])
-        sources = _kernel_groups(fused, [src for _, src in sources], self.plan.views)
+        self.plan, sources = _planned_sources(fused)
         self._slots = [np.empty(n, dtype=np.uint8) for n in self.plan.slot_bytes]
         self._arrays: dict[str, np.ndarray] = {}
         for name in self.graph.inputs:
@@ -389,3 +387,29 @@ def _info(group: Group, src: KernelSource, seconds: float, cache: str, key: str)
 def build_program(fused: FusedGraph) -> Program:
     """Generate, compile and plan ``fused`` into a runnable :class:`Program`."""
     return Program(fused)
+
+
+def _planned_sources(fused: FusedGraph) -> tuple[BufferPlan, list[tuple[Group, KernelSource]]]:
+    sources = group_sources(fused)
+    plan = plan_buffers(fused, [src for _, src in sources])
+    return plan, _kernel_groups(fused, [src for _, src in sources], plan.views)
+
+
+def precompile(fused: Iterable[FusedGraph], jobs: int | None = None) -> int:
+    """Compile into the disk cache every kernel the programs of ``fused`` will need, in parallel.
+
+    What a caller that is about to build many programs (a walk over a test suite's models, a
+    bisection's candidates) does first, so that the cold kernels of all of them compile at once
+    (:func:`fusiontune.codegen.cache.compile_kernels`) rather than a program's few at a time. A
+    graph whose kernels cannot be generated is skipped: its own build reports that.
+
+    Returns:
+        How many kernels were compiled.
+    """
+    srcs: list[KernelSource] = []
+    for f in fused:
+        try:
+            srcs += [src for _, src in _planned_sources(f)[1]]
+        except Exception:  # noqa: BLE001 - its build raises it, in its place
+            continue
+    return sum(1 for k in compile_kernels(srcs, jobs) if k.source == "compiled")

@@ -26,7 +26,7 @@ from fusiontune.codegen.cache import (
 from fusiontune.errors import UserError
 from fusiontune.ir import Graph, GraphBuilder, random_inputs, run_graph
 from fusiontune.passes.fused_graph import FusedGraph, Group
-from fusiontune.runtime import build_program
+from fusiontune.runtime import build_program, precompile
 
 
 def _graph(cols: int) -> Graph:
@@ -116,3 +116,19 @@ def test_the_compile_jobs_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("FUSIONTUNE_COMPILE_JOBS", "0")
     with pytest.raises(UserError, match="FUSIONTUNE_COMPILE_JOBS=0"):
         compile_jobs()
+
+
+def test_precompile_compiles_what_the_programs_will_load(fresh_cache: Path) -> None:
+    graphs = [_graph(cols) for cols in (51, 52, 53, 54)]
+    fused = [
+        FusedGraph.singletons(g).with_groups([Group("all", tuple(n.name for n in g.nodes))])
+        for g in graphs
+    ]
+    assert precompile(fused, jobs=2) == 4
+    assert precompile(fused, jobs=2) == 0  # all in the cache now
+    for g, f in zip(graphs, fused, strict=True):
+        prog = build_program(f)
+        assert prog.kernels[0].cache in ("memory", "disk")
+        inputs = random_inputs(g, seed=3)
+        want = run_graph(g, inputs, dtype=None)[g.outputs[0]]
+        np.testing.assert_allclose(prog.run(inputs)[g.outputs[0]], want, rtol=1e-5, atol=1e-6)

@@ -24,7 +24,7 @@ from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.interpreter import run_graph
 from fusiontune.ir.onnx_import import OnnxImportError, import_onnx
 from fusiontune.passes.pipeline import run_pipeline
-from fusiontune.runtime import build_program
+from fusiontune.runtime import build_program, precompile
 
 DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
 RTOL, ATOL = 1e-3, 1e-4  # float32 results against float32 expected outputs
@@ -174,9 +174,20 @@ def _supported_ops() -> set[str]:
     return set(CONVERTERS)
 
 
+def _defaults_graphs(cases: list[Case], tmp: str) -> Iterator[Any]:
+    for case in cases:
+        try:
+            yield run_pipeline(import_onnx(_model_path(case, tmp)), FusionConfig.defaults()).fused
+        except Exception:  # noqa: BLE001 - evaluate() reports it
+            continue
+
+
 def _walk(suite: str, cases: Iterator[Case], tmp_path: Any) -> list[Outcome]:
     import json
 
+    cases = list(cases)
+    # Every cold kernel of the suite at once, on every core (the cases' own builds then load them).
+    precompile(_defaults_graphs(cases, str(tmp_path)))
     outcomes = [evaluate(c, str(tmp_path)) for c in cases]
     report = summarize(outcomes)
     (tmp_path / f"onnx_walk_{suite}.json").write_text(json.dumps(report, indent=1))
