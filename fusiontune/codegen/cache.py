@@ -35,6 +35,14 @@ to a private name and checking that it is still the file this process judged (sa
 and mtime); a file that another process has meanwhile replaced with a healthy one is linked back.
 Machine code written in the last seconds without a digest yet is given a moment for its writer
 to record one. Only the process that moved files warns.
+
+Parallel builds. A build whose kernels include four or more with no machine code on disk
+(:func:`compile_kernels`) compiles them in this process and in ``jobs - 1`` child processes at
+once (``python -m fusiontune.codegen._compile_worker``: a plain interpreter, so a caller's
+``__main__`` is never imported again). Each process claims the next kernel of a shared task list
+by creating its claim file exclusively and compiles it through :func:`compile_kernel`, so the
+concurrency rules above are all a child needs; the parent then loads every kernel the usual way,
+verified. Nothing depends on a child: what it leaves undone is compiled by the parent.
 """
 
 from __future__ import annotations
