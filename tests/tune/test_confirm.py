@@ -171,17 +171,19 @@ def test_confirm_on_a_real_run_stores_the_schema(tuned):
     assert "confirmation" in lines[0] and record.note in lines[0]
 
 
-def test_confirm_names_a_clearly_faster_program_the_winner(tuned, monkeypatch):
-    """Synthetic programs: the defaults take 3 ms a call, every other configuration 0.3 ms."""
-    url, space, workload = tuned
-    defaults_key = StudyStore(optuna.load_study(study_name="c", storage=url)).trial(0).config.key()
+def _synthetic_builds(monkeypatch, slow_key: str) -> list[str]:
+    """Confirmation builds synthetic programs: ``slow_key``'s takes 3 ms a call, the others 0.3
+    ms, and each returns the workload's reference. Returns the keys built, in order."""
+    built: list[str] = []
 
     class Synthetic:
-        def __init__(self, slow: bool) -> None:
+        def __init__(self, workload, slow: bool) -> None:
+            self.workload = workload
             self.seconds = 3e-3 if slow else 3e-4
 
         def run(self, inputs):
-            return {k: np.asarray(v, dtype=np.float32) for k, v in workload.reference.items()}
+            ref = self.workload.reference
+            return {k: np.asarray(v, dtype=np.float32) for k, v in ref.items()}
 
         def bind(self, inputs) -> None:
             return None
@@ -189,13 +191,20 @@ def test_confirm_names_a_clearly_faster_program_the_winner(tuned, monkeypatch):
         def execute(self) -> None:
             time.sleep(self.seconds)
 
-    built: list[str] = []
-
     def fake_build(workload, config):
         built.append(config.key())
-        return type("Built", (), {"program": Synthetic(slow=config.key() == defaults_key)})()
+        program = Synthetic(workload, slow=config.key() == slow_key)
+        return type("Built", (), {"program": program})()
 
     monkeypatch.setattr("fusiontune.tune.evaluate.build_candidate", fake_build)
+    return built
+
+
+def test_confirm_names_a_clearly_faster_program_the_winner(tuned, monkeypatch):
+    """Synthetic programs: the defaults take 3 ms a call, every other configuration 0.3 ms."""
+    url, space, workload = tuned
+    defaults_key = StudyStore(optuna.load_study(study_name="c", storage=url)).trial(0).config.key()
+    built = _synthetic_builds(monkeypatch, defaults_key)
     study = optuna.load_study(study_name="c", storage=url)
     record = confirm(study, workload, space, top_k=2, rounds=6, echo=lambda s: None)
     assert record.distinguishable is True
@@ -233,24 +242,7 @@ def test_the_confirmation_stops_timing_a_clearly_slower_candidate(tuned, monkeyp
     study = optuna.load_study(study_name="c", storage=url)
     candidates, _ = select_candidates(study, 2, space)
     slow_key = next(c.config.key() for c in candidates if c.trial != 0)
-
-    class Synthetic:
-        def __init__(self, slow: bool) -> None:
-            self.seconds = 3e-3 if slow else 3e-4
-
-        def run(self, inputs):
-            return {k: np.asarray(v, dtype=np.float32) for k, v in workload.reference.items()}
-
-        def bind(self, inputs) -> None:
-            return None
-
-        def execute(self) -> None:
-            time.sleep(self.seconds)
-
-    def fake_build(workload, config):
-        return type("Built", (), {"program": Synthetic(slow=config.key() == slow_key)})()
-
-    monkeypatch.setattr("fusiontune.tune.evaluate.build_candidate", fake_build)
+    _synthetic_builds(monkeypatch, slow_key)
     record = confirm(study, workload, space, top_k=2, rounds=8, echo=lambda s: None)
     slow = next(r for r in record.rows if r.trial != 0 and r.config_key == slow_key)
     assert 2 <= slow.samples < 8
