@@ -228,14 +228,15 @@ def compile_kernels(srcs: Sequence[KernelSource], jobs: int | None = None) -> li
         jobs: processes to compile with, this one included (default :func:`compile_jobs`).
     """
     jobs = compile_jobs() if jobs is None else jobs
+    texts = [_Text(s.key, s.name, s.source) for s in srcs]  # a key is a hash: taken once
     pooled: dict[str, float] = {}
     if jobs > 1:
-        cold = _cold([_Text(s.key, s.name, s.source) for s in srcs])
+        cold = _cold(texts)
         if len(cold) >= _POOL_MIN:
             pooled = _compile_in_parallel(cold, jobs)
     out = []
-    for src in srcs:
-        got = compile_kernel(src)
+    for text in texts:
+        got = compile_kernel(text)
         if got.key in pooled:
             got = replace(got, seconds=got.seconds + pooled.pop(got.key), source="compiled")
         out.append(got)
