@@ -54,7 +54,7 @@ ERF_MAX_ABS = 4.7e-7  # measured 4.42e-7 (at x = 3.90084), x in [-6, 6] (+-1 bey
 SIGMOID_MAX_REL = 1.6e-7  # measured 1.48e-7 (at x = -16.6362), x in [-87.3, 88]
 
 APPROX_FUNCTIONS = ("exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx")
-EXACT_FUNCTIONS = ("exp_f32", "tanh_f32")
+EXACT_FUNCTIONS = ("exp_f32", "tanh_f32", "erf_f32")
 ROUND_FUNCTIONS = ("round_float16", "round_bfloat16")
 
 
@@ -263,6 +263,68 @@ def tanh_f32(x):  # type: ignore[no-untyped-def]
     return np.float32(np.copysign(t, xd))
 
 
+# erf in float64: two polynomials, interpolated at the Chebyshev nodes of their interval from
+# 40-digit mpmath values and converted to powers of the interval's [-1, 1] variable (a
+# well-conditioned conversion here: every coefficient is below 1). Below 1, erf(x) / x as a
+# polynomial of degree 10 in x^2 (relative error 5.5e-16 against mpmath); from 1 to 4,
+# erfcx(x) = exp(x^2) erfc(x) as one of degree 20 in x (relative error 4.2e-15), and
+# erf = 1 - exp(-x^2) erfcx(x) (erfc is below 0.16 there: absolute error below 1e-15).
+_D_ERF_SMALL = 1.0  # below: the Taylor series; from here to the clamp: 1 - exp(-x^2) erfcx(x)
+_D_ERF_CLAMP = 4.0  # erf(4) = 1 - 1.5e-8 rounds to 1 in float32, as erf of anything beyond
+
+
+@numba.njit("float32(float32)", cache=True, nogil=True, error_model="numpy", fastmath=_APPROX_FASTMATH, forceinline=True)
+def erf_f32(x):  # type: ignore[no-untyped-def]
+    """erf(x) of a float32, rounded once from float64 (relative error near 1e-15 before the
+    rounding): ``x P(x^2)`` below 1, ``1 - exp(-x^2) Q(x)`` from 1 to 4 (``x^2`` is exact: a
+    float32 squared fits a float64), +-1 beyond; the sign restored, NaN kept.
+
+    Both branches are computed and one selected, so a loop calling it vectorizes, and it is
+    ``forceinline``: at about 60 instructions LLVM's inliner would otherwise leave it a call, and
+    the caller's loop scalar (8.7 ns per element, libm's ``erff`` 8.9, inlined 1.2 with 8 float64
+    lanes). Inlining by LLVM, not by numba, keeps its flags apart from the kernel's (module docstring).
+    """
+    xd = np.float64(x)
+    a = fminimum(np.abs(xd), _D_ERF_CLAMP)  # NaN stays NaN
+    s = a * a
+    u = s + s - 1.0  # [0, 1] -> [-1, 1]
+    p = 9.207614215658363e-12
+    p = p * u + -2.0456997595543134e-10
+    p = p * u + 4.11576058992764e-09
+    p = p * u + -7.511464577090118e-08
+    p = p * u + 1.2233827558562044e-06
+    p = p * u + -1.7537169899206237e-05
+    p = p * u + 0.00021751715603847516
+    p = p * u + -0.0022854855610623184
+    p = p * u + 0.019852496688983864
+    p = p * u + -0.14053608902272122
+    p = p * u + 0.9654687386698673
+    t = (a - 2.5) * (2.0 / 3.0)  # [1, 4] -> [-1, 1]
+    q = 2.5395574884830492e-09
+    q = q * t + -8.084231033249293e-09
+    q = q * t + 1.2029302171698742e-08
+    q = q * t + -3.593325839269299e-08
+    q = q * t + 1.3530198325470135e-07
+    q = q * t + -3.9788605258713253e-07
+    q = q * t + 1.111538574950877e-06
+    q = q * t + -3.138273541371801e-06
+    q = q * t + 8.712502403441536e-06
+    q = q * t + -2.3614016169873686e-05
+    q = q * t + 6.257900179179341e-05
+    q = q * t + -0.00016201037133522968
+    q = q * t + 0.00040908491246424244
+    q = q * t + -0.0010058316963059736
+    q = q * t + 0.0024036476783987457
+    q = q * t + -0.005570706154054586
+    q = q * t + 0.012489373879841054
+    q = q * t + -0.02700529666574668
+    q = q * t + 0.05611049344497322
+    q = q * t + -0.11152102018467626
+    q = q * t + 0.2108063640611436
+    y = a * p if a < _D_ERF_SMALL else 1.0 - exp_d(-s) * q  # NaN takes the second, NaN through exp_d
+    return np.float32(np.copysign(y, xd))
+
+
 # ---- tanh ------------------------------------------------------------------------------------
 # Eigen's clamp for FMA targets: the smallest x where the rational function (evaluated with fused
 # multiply-adds, as 'contract' gives here) reaches exactly 1, so tanh(+-inf) = +-1.
@@ -421,7 +483,9 @@ def _map(which, x, out):  # type: ignore[no-untyped-def]
     elif which == 7:
         for i in range(n):
             out[i] = tanh_f32(x[i])
-
+    elif which == 8:
+        for i in range(n):
+            out[i] = erf_f32(x[i])
     else:
         for i in range(n):
             out[i] = round_bfloat16(x[i])

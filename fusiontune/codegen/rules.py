@@ -88,6 +88,11 @@ def _tanh(x: str, dtype: str) -> str:
     return f"tanh_f32({x})" if dtype == "float32" else f"np.tanh({x})"
 
 
+def _erf(x: str, dtype: str) -> str:
+    """erf under the default math: numerics.erf_f32 in a float32 kernel (as :func:`_exp`)."""
+    return f"erf_f32({x})" if dtype == "float32" else f"math.erf({x})"
+
+
 SCALAR_RULES: dict[str, ScalarRule] = {
     "Add": lambda a, at, lit, dt: f"({a[0]} + {a[1]})",
     "BiasAdd": lambda a, at, lit, dt: f"({a[0]} + {a[1]})",
@@ -109,7 +114,7 @@ SCALAR_RULES: dict[str, ScalarRule] = {
     "Exp": lambda a, at, lit, dt: _exp(a[0], dt),
     "Log": lambda a, at, lit, dt: f"np.log({a[0]})",
     "Tanh": lambda a, at, lit, dt: _tanh(a[0], dt),
-    "Erf": lambda a, at, lit, dt: f"math.erf({a[0]})",
+    "Erf": lambda a, at, lit, dt: _erf(a[0], dt),
     "Sigmoid": lambda a, at, lit, dt: f"({lit(1.0)} / ({lit(1.0)} + {_exp(f'-{a[0]}', dt)}))",
     "Silu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + {_exp(f'-{a[0]}', dt)}))",
     "SwiGlu": lambda a, at, lit, dt: f"({a[0]} / ({lit(1.0)} + {_exp(f'-{a[0]}', dt)}) * {a[1]})",
@@ -143,7 +148,7 @@ def _gelu_cdf(x: str, attrs: Mapping[str, Any], lit: Lit, dtype: str, approx: bo
         th = _f32_call("tanh_approx", inner, dtype) if approx else _tanh(inner, dtype)
         return f"({lit(0.5)} * ({lit(1.0)} + {th}))"
     arg = f"{x} * {lit(0.7071067811865476)}"
-    erf = _f32_call("erf_approx", arg, dtype) if approx else f"math.erf({arg})"
+    erf = _f32_call("erf_approx", arg, dtype) if approx else _erf(arg, dtype)
     return f"({lit(0.5)} * ({lit(1.0)} + {erf}))"
 
 
@@ -246,7 +251,7 @@ APPROX_RULES: dict[str, ScalarRule] = {
 # them imports them (codegen/common.py: kernel_header).
 NUMERICS_FUNCTIONS = (
     "exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx", "round_float16", "round_bfloat16", "fmaximum",
-    "arith_fence", "exp_f32", "tanh_f32",
+    "arith_fence", "exp_f32", "tanh_f32", "erf_f32",
 )
 
 MATH_MODES = ("libm", "approx")

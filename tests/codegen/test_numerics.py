@@ -117,10 +117,10 @@ def test_sigmoid_approx_within_declared_relative_error() -> None:
     assert np.isnan(got[np.isnan(x)]).all()
 
 
-# ---- the default math's exp and tanh: float64 inside, rounded once ----------------------------
+# ---- the default math's exp, tanh and erf: float64 inside, rounded once ----------------------------
 @pytest.mark.parametrize("name,ref,lo,hi", [("exp_f32", np.exp, -110.0, 95.0), ("tanh_f32", np.tanh, -12.0, 12.0),
-                                            ])
-def test_default_exp_and_tanh_are_float64_rounded_once(name: str, ref: Callable[[np.ndarray], np.ndarray],
+                                            ("erf_f32", special.erf, -6.0, 6.0)])
+def test_default_exp_tanh_and_erf_are_float64_rounded_once(name: str, ref: Callable[[np.ndarray], np.ndarray],
                                                        lo: float, hi: float) -> None:
     """Equal to numpy's float64 result rounded to float32 everywhere on a dense sweep (tiny,
     subnormal and overflowing results, signed zeros, infinities and NaN included), but for at
@@ -135,6 +135,24 @@ def test_default_exp_and_tanh_are_float64_rounded_once(name: str, ref: Callable[
     off = gb != wb
     assert off.sum() <= x.size // 1_000_000, f"{off.sum()} values differ, e.g. x={x[~nan][off][:5]}"
     assert np.abs(gb - wb).max() <= 1
+
+
+@pytest.mark.parametrize("op", ["Gelu", "Erf", "Sigmoid", "Tanh"])
+def test_default_math_inlines_and_vectorizes(op: str) -> None:
+    """A float32 loop over the default math's functions vectorizes: no call is left (erf_f32 is
+    too large for LLVM's inliner without ``forceinline``: the loop then stayed scalar, as slow
+    as libm) and the float64 arithmetic inside runs on vectors."""
+    import re
+
+    g = GraphBuilder(f"default_{op}")
+    x = g.input("x", (8, 256))
+    g.output({"Gelu": g.gelu, "Erf": g.erf, "Sigmoid": g.sigmoid, "Tanh": g.tanh}[op](x))
+    src = kernel_source(g.build(), [n.name for n in g.build().nodes])
+    namespace: dict[str, object] = {}
+    exec(src.source.replace("cache=True", "cache=False"), namespace)  # a fresh compile: its IR
+    llvm = "\n".join(namespace[src.name].inspect_llvm().values())  # type: ignore[attr-defined]
+    assert not re.search(r"call [^\n]*(numerics|erf|exp|tanh)", llvm), "a call to the math is left in the loop"
+    assert re.search(r"fmul[^\n]*<\d+ x double>", llvm), "the loop did not vectorize"
 
 
 # ---- rounding to float16 / bfloat16, bit for bit ---------------------------------------------------
@@ -327,8 +345,8 @@ def test_approx_sources_call_no_libm_and_carry_the_numerics_version() -> None:
     nodes = [n.name for n in graph.nodes]
     libm = kernel_source(graph, nodes).source
     src = kernel_source(graph, nodes, {"math": "approx"}).source
-    assert "exp_f32(" in libm and "math.erf(" in libm and "tanh_f32(" in libm  # the default math
-    for call in ("np.exp(", "np.tanh(", "math.erf(", "exp_f32(", "tanh_f32("):
+    assert "exp_f32(" in libm and "erf_f32(" in libm and "tanh_f32(" in libm  # the default math
+    for call in ("np.exp(", "np.tanh(", "math.erf(", "exp_f32(", "tanh_f32(", "erf_f32("):
         assert call not in src
     assert f"# fusiontune.codegen.numerics version {NUMERICS_VERSION}" in src
     assert "from fusiontune.codegen.numerics import" in src
@@ -357,7 +375,7 @@ def test_contraction_epilogue_takes_math_and_ignores_precision() -> None:
     plain = kernel_source(graph, nodes)
     approx = kernel_source(graph, nodes, {"math": "approx"})
     assert approx.kind == "contraction"
-    assert "math.erf(" in plain.source and "math.erf(" not in approx.source and "erf_approx(" in approx.source
+    assert "erf_f32(" in plain.source and "erf_f32(" not in approx.source and "erf_approx(" in approx.source
     assert kernel_source(graph, nodes, {"precision": "float16"}).source == plain.source
     assert kernel_source(graph, nodes, {"math": "approx", "precision": "bfloat16"}).source == approx.source
     a = np.random.default_rng(5).standard_normal((40, 16)).astype(F32)
