@@ -91,11 +91,26 @@ Sigmoid epilogue (us; direct / plane / packed):
     dw7x7   64 @2       1.2 /  8.5 /  6.5      dw5x5  240 @14   231  /  45  /  36
     dw7x7   32 @4       3.3 /  6.0 /  4.9      dw7x7   16 @8     12.9 /  5.1 /  5.2
 
-A strided one runs direct (it won 7 of the 8 strided shapes, up to 6.6x over packed); a stride-1
-one with fewer than :data:`DIRECT_MAX_POSITIONS` outputs too; a stride-1 3x3 (or smaller) one with
-at least :data:`PLANE_MIN_POSITIONS` outputs whose padded plane fits :data:`PLANE_MAX_POINTS`
-runs ``plane`` (1.2x to 1.5x over packed from 16x16 to 56x56; at 112x112 the plane leaves L1 and
-packed wins); the rest packed.
+A conv with fewer than :data:`DIRECT_MAX_POSITIONS` outputs runs direct; a stride-1 3x3 (or
+smaller) one with at least :data:`PLANE_MIN_POSITIONS` outputs whose padded plane fits
+:data:`PLANE_MAX_POINTS` runs ``plane`` (1.2x to 1.5x over packed from 16x16 to 56x56; at 112x112
+the plane leaves L1 and packed wins); the rest of the stride-1 ones packed.
+
+A strided one with at least :data:`DIRECT_MAX_POSITIONS` outputs runs ``plane``. The table above
+has the plane kernel of the time, which read the input at the stride in every tap. It now reads
+phase planes, as the packed kernel does, so each tap is one flat unit-stride run. Measured again
+the same way, strided shapes only (us; direct / plane / packed; batch 1 unless ``n2``):
+
+    dw3x3 s2  8 @32     5.9 /  4.1 /  7.3      dw5x5 s2  24 @8      2.5 /  3.1 /  7.3
+    dw3x3 s2 24 @16     4.3 /  3.8 / 12.3      dw3x3 s2  96 @8      4.3 /  6.5 / 21.2
+    dw3x3 s2 48 @32    32.7 / 21.1 / 38.6      dw5x5 s2  72 @4      1.9 /  6.7 / 11.4
+    dw5x5 s2 48 @16    26.9 / 10.9 / 25.5      dw5x5 s2 192 @4      4.1 / 17.3 / 29.6
+    dw3x3 s2 48 @64    78   / 42   / 74        dw3x3 s2 144 @56   185   / 113  / 203
+    dw3x3 s2 96 @112  286   / 261  / 506       dw5x5 s2 240 @28   249   / 100  / 145
+    dw3x3 s2 8 @64 n2  49   / 27   / 44
+
+Plane wins every strided shape with 8x8 outputs or more (1.1x to 2.5x over direct), direct every
+one with 4x4 or fewer.
 
 Index arithmetic: an epilogue whose ops all vectorize (no libm call: ``math="approx"``, or no
 transcendental at all) casts its position indices to unsigned. numba wraps a negative signed
@@ -186,12 +201,15 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, stride: tuple[int, int]
     channels per group, a ``kh x kw`` kernel, ``stride``, ``group`` groups, ``positions``
     output positions per image and a padded input plane of ``plane`` points (see the module
     docstring): ``packed``, except for a depthwise-like conv (several groups, a reduction shorter
-    than :data:`DIRECT_MAX_K`), which runs ``direct`` when strided or with fewer than
-    :data:`DIRECT_MAX_POSITIONS` output positions, and ``plane`` when it is a 3x3 (or smaller)
-    with at least :data:`PLANE_MIN_POSITIONS` and a plane of at most :data:`PLANE_MAX_POINTS`."""
+    than :data:`DIRECT_MAX_K`), which runs ``direct`` with fewer than
+    :data:`DIRECT_MAX_POSITIONS` output positions, else ``plane`` when strided or when it is a
+    3x3 (or smaller) with at least :data:`PLANE_MIN_POSITIONS` and a plane of at most
+    :data:`PLANE_MAX_POINTS`."""
     if group > 1 and cg * kh * kw < DIRECT_MAX_K:
-        if tuple(stride) != (1, 1) or positions < DIRECT_MAX_POSITIONS:
+        if positions < DIRECT_MAX_POSITIONS:
             return "direct"
+        if tuple(stride) != (1, 1):
+            return "plane"
         if kh * kw <= 9 and positions >= PLANE_MIN_POSITIONS and 0 < plane <= PLANE_MAX_POINTS:
             return "plane"
     return "packed"
@@ -468,7 +486,12 @@ def generate_conv_kernel(
     for o in outputs:
         body.append(f"{at(o)} = {var[o]}")
 
-    parallel = win.n * M * P * K >= PARALLEL_MIN_ELEMENTS * 8
+    # A plane kernel runs a depthwise conv at 3 to 6 GMAC/s, against 100 and more for the dense
+    # algorithms, so it pays for a parallel region at 8x fewer MACs. Measured with 2 threads,
+    # parallel against serial: dw3x3 s2 48 @32 n2 (221k MACs) 24 against 41 us, dw3x3 24 @32
+    # (221k) 17 against 27, dw5x5 s2 48 @16 (77k) 9.9 against 11.8. The direct kernel did not
+    # gain (dw5x5 192 @4 n2: 57 us parallel, 28 serial).
+    parallel = win.n * M * P * K >= PARALLEL_MIN_ELEMENTS * (1 if algo == "plane" else 8)
     derived: tuple[Derived, ...] = ()
     params: tuple[int, ...] = ()
     lines = [decorator(args, parallel=parallel, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
@@ -746,15 +769,21 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
                 body: Sequence[str], parallel: bool) -> list[str]:
     """One unit per (image, group): the group's input planes are copied into zero-padded scratch
     planes (their borders are zeroed once per task), then every output channel of the group sums
-    its taps over the whole output plane with no bounds to test: at stride 1 the plane is one flat
-    run over the padded-width grid (``acc[q] += w * xp[tap offset + q]``, the ``wp - ow`` extra
-    columns per row computed and dropped), so each tap is one long vectorized loop however small
-    the output rows are. Then the epilogue runs over the plane."""
-    hp = max(win.h + win.ph + win.pe_h, (win.oh - 1) * win.sh + (win.kh - 1) * win.dh + 1)
-    wp = max(win.w + win.pw + win.pe_w, (win.ow - 1) * win.sw + (win.kw - 1) * win.dw + 1)
-    unit = win.sh == 1 and win.sw == 1
-    wg = wp if unit else win.ow  # the accumulator grid's row width
-    size = hp * wp + (win.kw - 1) * win.dw  # the flat run of the last row's taps reads past the plane
+    its taps over the whole output plane with no bounds to test, and the epilogue runs over the plane.
+
+    The padded plane is split into ``sh x sw`` phase planes (one at unit stride), as the packed
+    kernel's (:class:`PackedGeometry`): phase (a, b) holds padded rows ``a + sh * i`` and columns
+    ``b + sw * u`` on a grid of width ``wg = ow + max_kw (kw * dw) // sw``. On that grid output
+    position ``oh * wg + ow`` reads, for tap (kh, kw), phase ``((kh * dh) % sh, (kw * dw) % sw)``
+    at offset ``(kh * dh) // sh * wg + (kw * dw) // sw``: each tap is one flat run
+    (``acc[q] += w * xp[offset + q]``, the ``wg - ow`` extra columns per row computed and
+    dropped), one long vectorized loop however small the rows are, at any stride. The copy into
+    the phase planes reads the input row at stride ``sw``."""
+    rh = max((kh * win.dh) // win.sh for kh in range(win.kh))
+    rw = max((kw * win.dw) // win.sw for kw in range(win.kw))
+    wg, hq = win.ow + rw, win.oh + rh  # the phase grids' width and the rows the taps read
+    size = hq * wg + rw  # the flat run of the last row's taps reads rw past the grid
+    nph = win.sh * win.sw
     prange = "numba.prange" if parallel else "range"
     units = win.n * group
     threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
@@ -762,40 +791,38 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
     ntask = -(-units // per)
     # Unsigned indices and trip counts LLVM cannot see, so that the tap loops vectorize (module
     # docstring, "Index arithmetic"): nothing here is ever negative.
-    if unit:
-        taps = ["                            for q in range(nq):",
-                "                                acc_g[numba.uint64(q)] += wv * xr[numba.uint64(base + q)]"]
-    else:
-        taps = [f"                            for oh in range({win.oh}):",
-                f"                                r = base + oh * {win.sh * wp}",
-                f"                                o = oh * {win.ow}",
-                "                                for ow in range(ow_n):",
-                f"                                    acc_g[numba.uint64(o + ow)] += wv * xr[numba.uint64(r + ow * {win.sw})]"]
     return [
-        f"    nq = (ow_n + {wp - win.ow}) * {win.oh}",
+        f"    nq = (ow_n + {rw}) * {win.oh}",
         f"    for t in {prange}({ntask}):",
-        f"        xp = np.zeros(({cg}, {size}), dtype=np.{dtype})",
+        f"        xp = np.zeros(({cg * nph}, {size}), dtype=np.{dtype})",
         f"        acc_g = np.empty({win.oh * wg}, dtype=np.{dtype})",
         f"        for v in range(t * {per}, min((t + 1) * {per}, {units})):",
         f"            g = v % {group}",
         f"            n = v // {group}",
         f"            for c in range({cg}):",
-        "                xr = xp[c]",
         f"                for ih in range({win.h}):",
+        f"                    i = (ih + {win.ph}) // {win.sh}",
+        f"                    if i >= {hq}:",
+        "                        continue",
         f"                    xi = {ax}[n, g * {cg} + c, ih]",
-        f"                    r = (ih + {win.ph}) * {wp} + {win.pw}",
-        f"                    for iw in range({win.w}):",
-        "                        xr[numba.uint64(r + iw)] = xi[iw]",
+        f"                    for b in range({win.sw}):",
+        f"                        xr = xp[c * {nph} + ((ih + {win.ph}) % {win.sh}) * {win.sw} + b]",
+        f"                        u0 = max(0, ({win.pw} - b + {win.sw - 1}) // {win.sw})",
+        f"                        u1 = min({wg}, ({win.w - 1 + win.pw} - b) // {win.sw} + 1)",
+        "                        r = i * " + str(wg),
+        "                        for u in range(u0, u1):",
+        f"                            xr[numba.uint64(r + u)] = xi[numba.uint64(u * {win.sw} + b - {win.pw})]",
         f"            for j in range({mg}):",
         f"                m = g * {mg} + j",
         "                acc_g[:] = 0.0",
         f"                for c in range({cg}):",
-        "                    xr = xp[c]",
         f"                    for kh in range({win.kh}):",
         f"                        for kw in range({win.kw}):",
         f"                            wv = {aw}[m, c, kh, kw]",
-        f"                            base = kh * {win.dh * wp} + kw * {win.dw}",
-        *taps,
+        f"                            xr = xp[c * {nph} + ((kh * {win.dh}) % {win.sh}) * {win.sw} + (kw * {win.dw}) % {win.sw}]",
+        f"                            base = ((kh * {win.dh}) // {win.sh}) * {wg} + (kw * {win.dw}) // {win.sw}",
+        "                            for q in range(nq):",
+        "                                acc_g[numba.uint64(q)] += wv * xr[numba.uint64(base + q)]",
         f"                for oh in range({win.oh}):",
         "                    for ow in range(ow_n):",
         f"                        p = {_ix(f'oh * {win.ow} + ow')}",

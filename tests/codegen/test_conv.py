@@ -199,8 +199,9 @@ def test_conv_algo_rule_packed_but_direct_or_plane_for_depthwise() -> None:
     assert choose_conv_algo(1, 1, 5, 5, group=32, positions=196, plane=324) == "packed"  # 5x5 @14
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=16) == "direct"  # depthwise, 4x4 output
     assert choose_conv_algo(1, 1, 7, 7, group=32, positions=16) == "direct"  # 7x7, 4x4 output
-    assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32, positions=3136) == "direct"  # strided, 56x56
-    assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32, positions=256) == "direct"  # strided, 16x16
+    assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32, positions=3136) == "plane"  # strided, 56x56
+    assert choose_conv_algo(1, 1, 5, 5, (2, 2), group=32, positions=64) == "plane"  # strided, 8x8
+    assert choose_conv_algo(1, 1, 5, 5, (2, 2), group=32, positions=16) == "direct"  # strided, 4x4
     assert choose_conv_algo(64, 64, 3, 3) == "packed"
     assert choose_conv_algo(512, 512, 3, 3, positions=49) == "packed"
     assert choose_conv_algo(3, 64, 7, 7, (2, 2)) == "packed"  # strided stem
