@@ -182,6 +182,8 @@ def _pool_cases() -> list[OpCase]:
         "ceil_asym": ((1, 2, 7, 8), {"kernel_shape": (3, 2), "strides": (2, 2), "pads": (0, 1, 1, 0), "ceil_mode": 1}),
         "dilated": ((1, 2, 9, 9), {"kernel_shape": (2, 3), "dilations": (2, 2), "pads": (1, 1, 1, 1)}),
         "1d": ((2, 3, 10), {"kernel_shape": (3,), "strides": (2,), "pads": (1, 1)}),
+        # rows of 52 padded columns: the row-by-row kernel (pool.POOL_FLAT_MAX_WIDTH), ceil_mode overhang
+        "wide_rows": ((1, 2, 6, 50), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 0, 1), "ceil_mode": 1}),
     }
     ap = {
         "exclude_pad": ((1, 3, 7, 7), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}),
