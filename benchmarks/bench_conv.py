@@ -2,10 +2,10 @@
 
 Prints, for people:
 
-1. Per ResNet / MobileNet-style conv shape (batch 1, float32; ``--batch``): the median time (and
-   IQR) of the conv kernel with ``conv_algo="im2col"``, ``"shifted"`` (stride 1 only; a strided
-   conv shows "-"), ``"direct"``, and of the catalogue's
-   numpy reference (ir/ops.py, einsum over a strided window view), timed in interleaved rounds
+1. Per ResNet / MobileNet / EfficientNet-style conv shape (batch 1, float32; ``--batch``): the
+   median time (and IQR) of the conv kernel with ``conv_algo="im2col"``, ``"shifted"`` (stride 1
+   only; a strided conv shows "-"), ``"direct"``, ``"packed"``, ``"plane"`` (grouped convs only),
+   of onnxruntime running the same Conv, and of the catalogue's numpy reference (ir/ops.py, einsum over a strided window view), timed in interleaved rounds
    (A B C A B C ...) so that load from other processes hits every variant alike; which algorithm
    wins, and which one :func:`fusiontune.codegen.conv.choose_conv_algo` picks.
 2. Conv + BatchNorm + Relu blocks: the program with the registry defaults (BN folded into the
@@ -56,6 +56,13 @@ SHAPES: tuple[tuple[str, int, int, int, int, int, int], ...] = (
     ("resnet_cnn 3x3 s2 32->64 @32", 32, 32, 64, 3, 2, 1),
     ("resnet_cnn 3x3 64->64 @16", 64, 16, 64, 3, 1, 1),
     ("conv_bn_relu 3x3 32->64 @56", 32, 56, 64, 3, 1, 1),
+    # EfficientNet-B0's depthwise convs at 224x224 (MBConv stages 2 to 7)
+    ("effnet dw5x5 s2 144 @56", 144, 56, 144, 5, 2, 144),
+    ("effnet dw5x5 240 @28", 240, 28, 240, 5, 1, 240),
+    ("effnet dw3x3 s2 240 @28", 240, 28, 240, 3, 2, 240),
+    ("effnet dw3x3 480 @14", 480, 14, 480, 3, 1, 480),
+    ("effnet dw5x5 s2 672 @14", 672, 14, 672, 5, 2, 672),
+    ("effnet dw5x5 1152 @7", 1152, 7, 1152, 5, 1, 1152),
 )
 QUICK = ("3x3 64->64 @56", "1x1 256->64 @56", "dw 3x3 32 @112")
 
@@ -119,7 +126,7 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
 
     from fusiontune.measure.roofline import measure_peak_flops
 
-    algos = ("im2col", "shifted", "direct", "packed")
+    algos = ("im2col", "shifted", "direct", "packed", "plane")
     threads = numba.config.NUMBA_NUM_THREADS
     peak = measure_peak_flops(threads)
     print(f"threads: {threads} (NUMBA_NUM_THREADS; onnxruntime intra-op alike); ms: median ±IQR of {rounds} interleaved rounds")
@@ -132,7 +139,9 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
             continue
         graph = conv_graph(c, h, m, k, s, grp, batch=batch)
         x = np.random.default_rng(1).standard_normal((batch, c, h, h)).astype(F32)
-        run = [a for a in algos if a != "shifted" or s == 1]  # a strided conv runs im2col for "shifted"
+        # a strided conv runs im2col for "shifted"; plane is a depthwise kernel (a dense conv's
+        # channels would each make a pass over the plane)
+        run = [a for a in algos if (a != "shifted" or s == 1) and (a != "plane" or grp > 1)]
         progs = {a: build_program(with_algo(graph, a)) for a in run}
         conv = graph.nodes[0]
         wv = graph.constants[conv.inputs[1]]
@@ -150,7 +159,7 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
         res = interleaved(fns, rounds)
         winner = min(run, key=lambda a: res[a][0])
         o = -(-h // s)
-        rule = choose_conv_algo(c // grp, m // grp, k, k, (s, s), grp, o * o)
+        rule = choose_conv_algo(c // grp, m // grp, k, k, (s, s), grp, o * o, (h + 2 * (k // 2)) ** 2)
         rule = rule if rule in res else "im2col"
         gflops = 2 * batch * m * o * o * (c // grp) * k * k / (res[rule][0] * 1e-3) / 1e9
         ratio = res["onnxruntime"][0] / res[rule][0] if "onnxruntime" in res else float("nan")

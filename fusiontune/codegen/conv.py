@@ -110,7 +110,25 @@ the same way, strided shapes only (us; direct / plane / packed; batch 1 unless `
     dw3x3 s2 8 @64 n2  49   / 27   / 44
 
 Plane wins every strided shape with 8x8 outputs or more (1.1x to 2.5x over direct), direct every
-one with 4x4 or fewer.
+one with 4x4 or fewer; at 7x7 (dw5x5 s2 672 @14, benchmarks/bench_conv.py) plane took 70 us, direct 213.
+
+``chan`` (channels-last, :func:`_chan_body`) was measured after them, the same way (us; direct /
+plane / packed / chan, chan before its window-row statement at 1152 @7, 96 @16 and 48 @32; a
+Sigmoid epilogue for the corpus shapes, SiLU for EfficientNet-B0's at 224x224; n1 unless ``n2``):
+
+    dw5x5   192 @4     11.4 / 13.6 / 16.8 /  7.7     dw7x7    64 @2      1.1 /  8.4 /  6.6 /  2.2
+    dw5x5   144 @4      8.6 / 11.1 / 12.7 /  6.3     dw5x5   288 @2      3.3 / 20.4 / 19.0 /  5.1
+    dw3x3   144 @4      5.5 /  7.8 / 10.2 /  4.3     dw5x5 s2 192 @4     3.9 / 16.2 / 29.1 /  4.4
+    dw5x5    64 @4      4.1 /  6.6 /  6.1 /  3.4     dw3x3 s2  96 @8     4.1 /  6.2 / 21.0 /  4.4
+    dw7x7    16 @8     12.8 /  8.1 /  5.0 /  3.8     dw3x3    96 @16 n2  57 / 30.0 / 32.8 / 49.7
+    dw5x5 s2 24 @8      2.5 /  3.0 /  6.7 /  2.0     dw3x3 s2 48 @32 n2  67 / 21.8 / 74.8 / 64.1
+    dw5x5  1152 @7     468  / 215  / 145  / 77       dw5x5 s2 672 @14   255 / 98  / 169  / 54
+    dw3x3   480 @14    137  / 104  / 110  / 81       dw5x5 s2 240 @8 n2  44 / 31.2 / 122 / 29.0
+
+Channels-last wins from 4x4 to 14x14 outputs (1.1x to 1.9x over the next best; dw3x3 s2 96 @8,
+4x4 outputs, is the exception, direct 7% faster), direct below (2x2 outputs), plane or packed above. It still trails onnxruntime's NCHWc depthwise kernels
+(dw5x5 1152 @7: 77 us, onnxruntime 49-53): it transposes its input in and its output out, where
+onnxruntime keeps the blocked layout between layers.
 
 Index arithmetic: an epilogue whose ops all vectorize (no libm call: ``math="approx"``, or no
 transcendental at all) casts its position indices to unsigned. numba wraps a negative signed
@@ -166,7 +184,7 @@ from fusiontune.codegen.rules import SCALAR_RULES, literal, scalar_expr
 from fusiontune.ir.graph import Node, Shape
 from fusiontune.ir.ops import get_op
 
-CONV_ALGOS = ("im2col", "direct", "shifted", "packed", "plane")
+CONV_ALGOS = ("im2col", "direct", "shifted", "packed", "plane", "chan")
 """Values of a group's ``schedule["conv_algo"]`` (absent: :func:`choose_conv_algo` decides)."""
 
 COL_BYTES = 512 * 1024
@@ -183,10 +201,19 @@ DIRECT_MB = 4
 DIRECT_MAX_K = 64
 """A grouped conv whose reduction length C/group * kh * kw is below this is depthwise-like
 (depthwise 3x3: 9, 7x7: 49)."""
-DIRECT_MAX_POSITIONS = 64
+DIRECT_MAX_POSITIONS = 32
 """A depthwise-like conv with fewer output positions per image runs direct: the packed kernel's
 per-task setup (a padded copy of one channel, a scratch block) outweighs 16 or 4 outputs
-(dw 3x3 @4x4, 144 channels: direct 12 us, packed 16; @2x2, 288: 6 vs 29)."""
+(dw 3x3 @4x4, 144 channels: direct 12 us, packed 16; @2x2, 288: 6 vs 29). Not 49: at 7x7
+outputs (EfficientNet-B0's last stages, benchmarks/bench_conv.py) direct took 432 us for dw5x5
+1152 @7 against packed's 97, and 213 for dw5x5 s2 672 @14 against plane's 70."""
+CHAN_MIN_POSITIONS = 16
+"""A depthwise conv (one channel per group) with at least this many output positions (4x4) and
+fewer than :data:`CHAN_MAX_POSITIONS` runs channels-last (the module docstring's last table); below
+it, direct (2x2 outputs: dw7x7 64 @2, direct 1.1 us, chan 2.2)."""
+CHAN_MAX_POSITIONS = 256
+"""...from 16x16 outputs on, plane or packed (dw3x3 96 @16 n2: plane 32 us, chan 45; dw3x3 s2 48 @32
+n2: 21 against 59)."""
 PLANE_MIN_POSITIONS = 256
 """A stride-1 depthwise 3x3 with at least this many output positions may run plane (16x16: 16 us
 against packed's 24; 8x8: 4.0 against 3.5)."""
@@ -201,11 +228,14 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, stride: tuple[int, int]
     channels per group, a ``kh x kw`` kernel, ``stride``, ``group`` groups, ``positions``
     output positions per image and a padded input plane of ``plane`` points (see the module
     docstring): ``packed``, except for a depthwise-like conv (several groups, a reduction shorter
-    than :data:`DIRECT_MAX_K`), which runs ``direct`` with fewer than
-    :data:`DIRECT_MAX_POSITIONS` output positions, else ``plane`` when strided or when it is a
-    3x3 (or smaller) with at least :data:`PLANE_MIN_POSITIONS` and a plane of at most
-    :data:`PLANE_MAX_POINTS`."""
+    than :data:`DIRECT_MAX_K`). That one runs ``chan`` when it has one input and one output
+    channel per group and :data:`CHAN_MIN_POSITIONS` to :data:`CHAN_MAX_POSITIONS` outputs;
+    else ``direct`` with fewer than :data:`DIRECT_MAX_POSITIONS` output positions, else
+    ``plane`` when strided or when it is a 3x3 (or smaller) with at least
+    :data:`PLANE_MIN_POSITIONS` and a plane of at most :data:`PLANE_MAX_POINTS`."""
     if group > 1 and cg * kh * kw < DIRECT_MAX_K:
+        if cg == mg == 1 and CHAN_MIN_POSITIONS <= positions < CHAN_MAX_POSITIONS:
+            return "chan"
         if positions < DIRECT_MAX_POSITIONS:
             return "direct"
         if tuple(stride) != (1, 1):
@@ -422,6 +452,8 @@ def generate_conv_kernel(
             raise NotFusable(f"a Conv prologue runs in the packed kernel's input copy ({algo} makes none)")
         algo = "packed"  # whatever a schedule asks: only the packed kernel copies its input
         pro_full, pro_chan, pro_views = _prologue(low, pro, conv, epi, outputs)
+    if algo == "chan" and not (CG == 1 and MG == 1):
+        algo = "direct"  # channels-last needs one input and one output channel per group
     if algo == "shifted" and (win.sh, win.sw) != (1, 1):
         algo = "im2col"  # the shifted views need unit stride; a schedule asking for it gets im2col
 
@@ -531,6 +563,9 @@ def generate_conv_kernel(
                    f"uk = dispatcher({dtype!r})"]
     elif algo == "plane":
         lines += _plane_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
+        imports = []
+    elif algo == "chan":
+        lines += _chan_body(win, group, dtype, ax, aw, body, parallel)
         imports = []
     else:
         lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
@@ -828,6 +863,68 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
         f"                        p = {_ix(f'oh * {win.ow} + ow')}",
         f"                        acc = acc_g[oh * {wg} + ow]",
         *_epilogue_lines(body, "                        "),
+    ]
+
+
+CHAN_LANES = 16
+"""Channels a chan task holds at least (one float32 vector of a 512-bit machine)."""
+
+
+def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequence[str],
+               parallel: bool) -> list[str]:
+    """A depthwise conv (one input and one output channel per group) channels-last: one unit per
+    (image, run of channels). The unit copies its channels' input planes into a zero-padded
+    (position, channel) scratch and its weights into a (tap, channel) one, then for every output
+    position and tap adds ``w[tap, :] * x[position + tap offset, :]`` to the position's row of
+    channels: one vectorized loop over the channels, however few positions the plane has. Then the
+    epilogue runs per channel over its positions. This is the layout of onnxruntime's NCHWc
+    depthwise kernels, transposed in and out inside the kernel."""
+    hp = max(win.h + win.ph + win.pe_h, (win.oh - 1) * win.sh + (win.kh - 1) * win.dh + 1)
+    wp = max(win.w + win.pw + win.pe_w, (win.ow - 1) * win.sw + (win.kw - 1) * win.dw + 1)
+    taps = win.kh * win.kw
+    positions = win.oh * win.ow
+    threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
+    nck = max(1, min(group // CHAN_LANES, -(-2 * threads // win.n)))  # runs of channels per image
+    ch = -(-group // nck)
+    prange = "numba.prange" if parallel else "range"
+    # A window row's taps in one statement: the position's accumulators are loaded and stored once
+    # per window row, not once per tap (dw5x5 s2 672 @14: 62 -> 54 us; dw3x3 144 @4 n2: 9.2 -> 7.6).
+    row_sum = " + ".join(f"wt[k + {kw}, j] * xt[r + {kw * win.dw}, j]" for kw in range(win.kw))
+    # Trip counts from a run time value (module docstring, "Index arithmetic"): a loop of a small
+    # constant count is unrolled before the vectorizer sees it.
+    return [
+        f"    for t in {prange}({win.n * nck}):",
+        f"        n = t // {nck}",
+        f"        c0 = (t % {nck}) * {ch}",
+        f"        c1 = min(c0 + {ch}, {group})",
+        "        cw = c1 - c0",
+        f"        xt = np.zeros(({hp * wp}, {ch}), dtype=np.{dtype})",
+        f"        wt = np.empty(({taps}, {ch}), dtype=np.{dtype})",
+        f"        at = np.zeros(({positions}, {ch}), dtype=np.{dtype})",
+        "        for c in range(c0, c1):",
+        "            j = c - c0",
+        f"            for kh in range({win.kh}):",
+        f"                for kw in range({win.kw}):",
+        f"                    wt[kh * {win.kw} + kw, j] = {aw}[c, 0, kh, kw]",
+        f"            for ih in range({win.h}):",
+        f"                r = (ih + {win.ph}) * {wp} + {win.pw}",
+        f"                for iw in range({win.w}):",
+        f"                    xt[r + iw, j] = {ax}[n, c, ih, iw]",
+        f"        for oh in range({win.oh}):",
+        "            for ow in range(ow_n):",
+        "                arow = at[oh * ow_n + ow]",
+        f"                for kh in range({win.kh}):",
+        f"                    r = (oh * {win.sh} + kh * {win.dh}) * {wp} + ow * {win.sw}",
+        f"                    k = kh * {win.kw}",
+        "                    for j in range(cw):",
+        f"                        arow[j] += {row_sum}",
+        "        for c in range(c0, c1):",
+        "            m = c",
+        "            j = c - c0",
+        f"            for q in range({positions}):",
+        f"                p = {_ix('q')}",
+        "                acc = at[q, j]",
+        *_epilogue_lines(body, "                "),
     ]
 
 

@@ -59,10 +59,14 @@ GRID = {
     "1x1": ((2, 16, 7, 7), (12, 16, 1, 1), {}, False),
     "5x5_wide_stride": ((1, 3, 12, 13), (4, 3, 5, 5), {"strides": (3, 2), "pads": (2, 2, 2, 2)}, True),
     "1d": ((2, 4, 20), (6, 4, 5), {"pads": (2, 1), "strides": (2,)}, True),
+    # 40 channels: runs of channels of unequal length in the channels-last kernel
+    "depthwise_dilated_asym": ((2, 40, 7, 9), (40, 1, 3, 5), {"group": 40, "strides": (3, 2), "dilations": (1, 2),
+                                                               "pads": (1, 2, 0, 3)}, True),
+    "depthwise_1d": ((2, 24, 15), (24, 1, 5), {"group": 24, "pads": (2, 2)}, False),
 }
 
 
-@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed", "plane"])
+@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed", "plane", "chan"])
 @pytest.mark.parametrize("case", list(GRID))
 def test_conv_algorithm_matches_reference(case: str, algo: str) -> None:
     xs, ws, attrs, bias = GRID[case]
@@ -98,7 +102,7 @@ def _epilogue_block(g: GraphBuilder) -> tuple[Tensor, ...]:
     return r, g.op("Clip", r, min=0.0, max=1.5), g.op("HardSwish", y)
 
 
-@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed", "plane"])
+@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed", "plane", "chan"])
 def test_conv_epilogue_bn_residual_relu_clip_hardswish(algo: str) -> None:
     graph = _graph(_epilogue_block)
     src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": algo})
@@ -193,15 +197,18 @@ def test_conv_prologue_is_refused_where_the_rule_picks_another_algorithm() -> No
         kernel_source(graph, [n.name for n in graph.nodes])
 
 
-def test_conv_algo_rule_packed_but_direct_or_plane_for_depthwise() -> None:
+def test_conv_algo_rule_packed_but_direct_plane_or_chan_for_depthwise() -> None:
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=784, plane=900) == "plane"  # 28x28
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=12544, plane=12996) == "packed"  # 112x112
-    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=196, plane=324) == "packed"  # 5x5 @14
-    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=16) == "direct"  # depthwise, 4x4 output
-    assert choose_conv_algo(1, 1, 7, 7, group=32, positions=16) == "direct"  # 7x7, 4x4 output
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=256, plane=400) == "packed"  # 5x5 @16
+    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=16) == "chan"  # depthwise, 4x4 output
+    assert choose_conv_algo(1, 1, 7, 7, group=32, positions=4) == "direct"  # 7x7, 2x2 output
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=196, plane=324) == "chan"  # 5x5 @14
     assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32, positions=3136) == "plane"  # strided, 56x56
-    assert choose_conv_algo(1, 1, 5, 5, (2, 2), group=32, positions=64) == "plane"  # strided, 8x8
-    assert choose_conv_algo(1, 1, 5, 5, (2, 2), group=32, positions=16) == "direct"  # strided, 4x4
+    assert choose_conv_algo(1, 1, 5, 5, (2, 2), group=32, positions=49) == "chan"  # strided, 7x7
+    assert choose_conv_algo(1, 1, 5, 5, (2, 2), group=32, positions=4) == "direct"  # strided, 2x2
+    assert choose_conv_algo(2, 2, 3, 3, group=32, positions=16) == "direct"  # two channels per group, 4x4
+    assert choose_conv_algo(2, 2, 3, 3, (2, 2), group=32, positions=64) == "plane"  # two per group, strided
     assert choose_conv_algo(64, 64, 3, 3) == "packed"
     assert choose_conv_algo(512, 512, 3, 3, positions=49) == "packed"
     assert choose_conv_algo(3, 64, 7, 7, (2, 2)) == "packed"  # strided stem
