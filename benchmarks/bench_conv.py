@@ -5,6 +5,7 @@ Prints, for people:
 1. Per ResNet / MobileNet / EfficientNet-style conv shape (batch 1, float32; ``--batch``): the
    median time (and IQR) of the conv kernel with ``conv_algo="im2col"``, ``"shifted"`` (stride 1
    only; a strided conv shows "-"), ``"direct"``, ``"packed"``, ``"plane"`` (grouped convs only),
+   ``"chan"`` (depthwise convs only),
    of onnxruntime running the same Conv, and of the catalogue's numpy reference (ir/ops.py, einsum over a strided window view), timed in interleaved rounds
    (A B C A B C ...) so that load from other processes hits every variant alike; which algorithm
    wins, and which one :func:`fusiontune.codegen.conv.choose_conv_algo` picks.
@@ -126,7 +127,7 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
 
     from fusiontune.measure.roofline import measure_peak_flops
 
-    algos = ("im2col", "shifted", "direct", "packed", "plane")
+    algos = ("im2col", "shifted", "direct", "packed", "plane", "chan")
     threads = numba.config.NUMBA_NUM_THREADS
     peak = measure_peak_flops(threads)
     print(f"threads: {threads} (NUMBA_NUM_THREADS; onnxruntime intra-op alike); ms: median ±IQR of {rounds} interleaved rounds")
@@ -139,9 +140,10 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
             continue
         graph = conv_graph(c, h, m, k, s, grp, batch=batch)
         x = np.random.default_rng(1).standard_normal((batch, c, h, h)).astype(F32)
-        # a strided conv runs im2col for "shifted"; plane is a depthwise kernel (a dense conv's
-        # channels would each make a pass over the plane)
-        run = [a for a in algos if (a != "shifted" or s == 1) and (a != "plane" or grp > 1)]
+        # a strided conv runs im2col for "shifted"; plane and chan are depthwise kernels (a dense
+        # conv's channels would each make a pass over the plane; chan needs one channel per group)
+        run = [a for a in algos if (a != "shifted" or s == 1) and (a != "plane" or grp > 1)
+               and (a != "chan" or c == m == grp)]
         progs = {a: build_program(with_algo(graph, a)) for a in run}
         conv = graph.nodes[0]
         wv = graph.constants[conv.inputs[1]]
