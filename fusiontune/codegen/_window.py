@@ -40,6 +40,17 @@ class Window:
     dh: int
     dw: int
 
+    @property
+    def hp(self) -> int:
+        """Rows of the padded input that the windows span: the pads included, and a ceil_mode
+        window's overhang past the end pad."""
+        return max(self.ph + self.h + self.pe_h, (self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1)
+
+    @property
+    def wp(self) -> int:
+        """Columns of the padded input that the windows span (as :attr:`hp`)."""
+        return max(self.pw + self.w + self.pe_w, (self.ow - 1) * self.sw + (self.kw - 1) * self.dw + 1)
+
 
 def window_of(attrs: Mapping[str, Any], x: Sequence[int], kernel: Sequence[int], out: Sequence[int]) -> Window:
     """The 2-D window of a Conv / Pool node over input ``x`` with output ``out``.

@@ -879,8 +879,7 @@ def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequ
     channels: one vectorized loop over the channels, however few positions the plane has. Then the
     epilogue runs per channel over its positions. This is the layout of onnxruntime's NCHWc
     depthwise kernels, transposed in and out inside the kernel."""
-    hp = max(win.h + win.ph + win.pe_h, (win.oh - 1) * win.sh + (win.kh - 1) * win.dh + 1)
-    wp = max(win.w + win.pw + win.pe_w, (win.ow - 1) * win.sw + (win.kw - 1) * win.dw + 1)
+    hp, wp = win.hp, win.wp
     taps = win.kh * win.kw
     positions = win.oh * win.ow
     threads = numba.config.NUMBA_NUM_THREADS if parallel else 1

@@ -87,7 +87,7 @@ def generate_pool_kernel(node: Node, values: dict[str, Value], name: str) -> Ker
         cw = _counts(win.w, win.ow, win.kw, win.sw, win.pw, win.dw, *bounds_w)
         lines.append(f"    cnt_h = np.array({ch!r}, dtype=np.{dt})")
         lines.append(f"    cnt_w = np.array({cw!r}, dtype=np.{dt})")
-    if is_max and win.pw + win.w + win.pe_w >= POOL_FLAT_MAX_WIDTH:
+    if is_max and win.wp >= POOL_FLAT_MAX_WIDTH:
         lines += _max_row_lines(win, dt, prange)
     elif is_max:
         lines += _max_lines(win, dt, prange, numba.config.NUMBA_NUM_THREADS if parallel else 1)
@@ -106,7 +106,7 @@ def _max_row_lines(win: Window, dt: str, prange: str) -> list[str]:
     output is the max of ``vm`` over the window's columns, read without bounds checks. ``fmaximum``
     is exact, associative and commutative (NaN if any input is NaN, -0 < +0) and -inf never wins,
     so this is the same value as the max over the window's elements inside the input."""
-    width = max(win.pw + win.w + win.pe_w, (win.ow - 1) * win.sw + (win.kw - 1) * win.dw + 1)
+    width = win.wp
     expr = f"vm[ow * {win.sw}]"
     for kw in range(1, win.kw):
         expr = f"fmaximum({expr}, vm[ow * {win.sw} + {kw * win.dw}])"
@@ -140,8 +140,7 @@ def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
     planes of 31x31). ``fmaximum`` is exact, associative and commutative (NaN if any input is
     NaN, -0 < +0) and -inf never wins, so this is the max over the window's elements inside the
     input."""
-    hp = max(win.ph + win.h + win.pe_h, (win.oh - 1) * win.sh + (win.kh - 1) * win.dh + 1)
-    wp = max(win.pw + win.w + win.pe_w, (win.ow - 1) * win.sw + (win.kw - 1) * win.dw + 1)
+    hp, wp = win.hp, win.wp
     inside = win.ph == win.pw == 0 and hp == win.h and wp == win.w
     nh = hp * wp - (win.kw - 1) * win.dw  # hm's flat length
     nv = ((win.oh - 1) * win.sh) * wp + (win.ow - 1) * win.sw + 1  # vm's: to the last output's corner
