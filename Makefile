@@ -34,7 +34,7 @@ run: $(STAMP)
 
 ## Every test tier but bench and zoo (fast, slow, ray): what CI runs.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not bench and not zoo"
+	$(BIN)/python -m pytest -m "not bench and not zoo" --durations=20
 
 ## The heaviest ONNX zoo models of the backend walk (minutes each from a cold kernel cache).
 test-zoo: $(STAMP)

@@ -161,7 +161,7 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
         res = interleaved(fns, rounds)
         winner = min(run, key=lambda a: res[a][0])
         o = -(-h // s)
-        rule = choose_conv_algo(c // grp, m // grp, k, k, (s, s), grp, o * o, (h + 2 * (k // 2)) ** 2)
+        rule = choose_conv_algo(c // grp, m // grp, k, k, grp, o * o)
         rule = rule if rule in res else "im2col"
         gflops = 2 * batch * m * o * o * (c // grp) * k * k / (res[rule][0] * 1e-3) / 1e9
         ratio = res["onnxruntime"][0] / res[rule][0] if "onnxruntime" in res else float("nan")

@@ -91,12 +91,11 @@ Sigmoid epilogue (us; direct / plane / packed):
     dw7x7   64 @2       1.2 /  8.5 /  6.5      dw5x5  240 @14   231  /  45  /  36
     dw7x7   32 @4       3.3 /  6.0 /  4.9      dw7x7   16 @8     12.9 /  5.1 /  5.2
 
-A conv with fewer than :data:`DIRECT_MAX_POSITIONS` outputs runs direct; a stride-1 3x3 (or
-smaller) one with at least :data:`PLANE_MIN_POSITIONS` outputs whose padded plane fits
-:data:`PLANE_MAX_POINTS` runs ``plane`` (1.2x to 1.5x over packed from 16x16 to 56x56; at 112x112
-the plane leaves L1 and packed wins); the rest of the stride-1 ones packed.
+From these, a conv with fewer than 32 outputs ran direct; a stride-1 3x3 (or smaller) one with at
+least 256 outputs whose padded plane fit 64x64 points ran ``plane`` (1.2x to 1.5x over packed from
+16x16 to 56x56; at 112x112 the plane left L1 and packed won); the rest of the stride-1 ones packed.
 
-A strided one with at least :data:`DIRECT_MAX_POSITIONS` outputs runs ``plane``. The table above
+A strided one with 32 outputs or more ran ``plane``. The table above
 has the plane kernel of the time, which read the input at the stride in every tap. It now reads
 phase planes, as the packed kernel does, so each tap is one flat unit-stride run. Measured again
 the same way, strided shapes only (us; direct / plane / packed; batch 1 unless ``n2``):
@@ -125,10 +124,39 @@ Sigmoid epilogue for the corpus shapes, SiLU for EfficientNet-B0's at 224x224; n
     dw5x5  1152 @7     468  / 215  / 145  / 77       dw5x5 s2 672 @14   255 / 98  / 169  / 54
     dw3x3   480 @14    137  / 104  / 110  / 81       dw5x5 s2 240 @8 n2  44 / 31.2 / 122 / 29.0
 
-Channels-last wins from 4x4 to 14x14 outputs (1.1x to 1.9x over the next best; dw3x3 s2 96 @8,
-4x4 outputs, is the exception, direct 7% faster), direct below (2x2 outputs), plane or packed above. It still trails onnxruntime's NCHWc depthwise kernels
-(dw5x5 1152 @7: 77 us, onnxruntime 49-53): it transposes its input in and its output out, where
-onnxruntime keeps the blocked layout between layers.
+Channels-last won from 4x4 to 14x14 outputs (1.1x to 1.9x over the next best; dw3x3 s2 96 @8,
+4x4 outputs, is the exception, direct 7% faster), direct below (2x2 outputs), plane or packed
+above. It trails onnxruntime's NCHWc depthwise kernels (dw5x5 1152 @7: 77 us, onnxruntime
+49-53): it transposes its input in and its output out, where onnxruntime keeps the blocked
+layout between layers.
+
+Then the plane kernel came to sum the taps of a phase plane in statements of up to
+:data:`PLANE_TAPS_PER_STATEMENT` (the accumulator loaded and stored once per statement, where it
+was once per tap; 1.1x to 1.7x), and it won every depthwise shape from 7x7 outputs on, at any
+stride, kernel or plane size. ``benchmarks/bench_conv.py``, 1 thread, batch 1, no epilogue (us;
+plane / packed / chan / onnxruntime):
+
+    dw3x3    32 @112  138 / 187 / 1363 / 120      dw5x5    240 @28   137 / 218 / 303 / 101
+    dw3x3 s2 96 @112  326 / 2222 / 1177 / 236     dw3x3 s2 240 @28    50 / 142 /  87 /  36
+    dw3x3   256 @28    85 / 166 /  680 /  80      dw3x3    480 @14    50 /  82 /  85 /  43
+    dw5x5 s2 144 @56  145 / 361 /  305 /  91      dw5x5 s2 672 @14    64 / 250 / 100 /  37
+    dw5x5  1152 @7     80 / 159 /  107 /  36
+
+and the corpus' grouped convs, 2 threads, batch 2, a Sigmoid epilogue (us; direct / plane /
+packed / chan; ``@`` the input size):
+
+    dw7x7     8 @16   51.6 /  9.2 / 12.8 / 53.9     dw5x5 s2 48 @16    53.3 / 11.9 / 45.5 / 19.9
+    dw3x3     8 @32   45.2 / 15.7 / 22.2 / 56.9     dw3x3 s2 48 @32    64.6 / 28.9 / 79.3 / 58.4
+    dw3x3    24 @8     7.4 /  4.0 /  6.6 /  5.1     dw7x7    16 @8     25.1 /  7.2 /  9.5 /  7.1
+    dw5x5 s2 24 @8     4.4 /  2.9 / 12.2 /  3.4     dw5x5   144 @4     16.9 / 11.5 / 24.7 / 11.3
+    dw3x3   144 @4    10.7 /  9.1 / 19.9 /  7.3     dw3x3 s2 96 @8      7.6 /  8.3 / 39.0 /  7.9
+    dw5x5   192 @4    22.4 / 14.0 / 32.6 / 15.0     dw3x3   288 @2      5.7 /  9.9 / 32.4 /  5.0
+
+So: ``chan`` from 4x4 to 6x6 outputs (:data:`CHAN_MIN_POSITIONS` to :data:`CHAN_MAX_POSITIONS`),
+``direct`` below, ``plane`` from 7x7 on. Over the 23 grouped convs of the corpus the rule's pick
+is the fastest on 18 and within 1.16x of it on the rest. onnxruntime is still 1.06x to 2.2x
+faster per layer, most at the small planes of EfficientNet-B0's last stages, where the copy into
+the phase planes and the epilogue's pass cost as much as the taps.
 
 Index arithmetic: an epilogue whose ops all vectorize (no libm call: ``math="approx"``, or no
 transcendental at all) casts its position indices to unsigned. numba wraps a negative signed
@@ -211,37 +239,27 @@ CHAN_MIN_POSITIONS = 16
 """A depthwise conv (one channel per group) with at least this many output positions (4x4) and
 fewer than :data:`CHAN_MAX_POSITIONS` runs channels-last (the module docstring's last table); below
 it, direct (2x2 outputs: dw7x7 64 @2, direct 1.1 us, chan 2.2)."""
-CHAN_MAX_POSITIONS = 256
-"""...from 16x16 outputs on, plane or packed (dw3x3 96 @16 n2: plane 32 us, chan 45; dw3x3 s2 48 @32
-n2: 21 against 59)."""
-PLANE_MIN_POSITIONS = 256
-"""A stride-1 depthwise 3x3 with at least this many output positions may run plane (16x16: 16 us
-against packed's 24; 8x8: 4.0 against 3.5)."""
-PLANE_MAX_POINTS = 64 * 64
-"""...and a padded input plane of at most this many points (58x58 at 56x56: 132 us against 157;
-114x114: 136 against 108)."""
+CHAN_MAX_POSITIONS = 49
+"""...from 7x7 outputs on, plane (module docstring, the last table: dw5x5 1152 @7, plane 76 us
+against chan's 103; at 6x6, dw5x5 240 @6 n2, chan 46 against 56)."""
 
 
-def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, stride: tuple[int, int] = (1, 1), group: int = 1,
-                     positions: int = SHIFT_MIN_POSITIONS, plane: int = 0) -> str:
+def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
+                     positions: int = SHIFT_MIN_POSITIONS) -> str:
     """The algorithm the measurements favour for a conv with ``cg`` input and ``mg`` output
-    channels per group, a ``kh x kw`` kernel, ``stride``, ``group`` groups, ``positions``
-    output positions per image and a padded input plane of ``plane`` points (see the module
-    docstring): ``packed``, except for a depthwise-like conv (several groups, a reduction shorter
-    than :data:`DIRECT_MAX_K`). That one runs ``chan`` when it has one input and one output
-    channel per group and :data:`CHAN_MIN_POSITIONS` to :data:`CHAN_MAX_POSITIONS` outputs;
-    else ``direct`` with fewer than :data:`DIRECT_MAX_POSITIONS` output positions, else
-    ``plane`` when strided or when it is a 3x3 (or smaller) with at least
-    :data:`PLANE_MIN_POSITIONS` and a plane of at most :data:`PLANE_MAX_POINTS`."""
+    channels per group, a ``kh x kw`` kernel, ``group`` groups and ``positions`` output positions
+    per image (see the module docstring): ``packed``, except for a depthwise-like conv (several
+    groups, a reduction shorter than :data:`DIRECT_MAX_K`). That one runs ``chan`` when it has one
+    input and one output channel per group and :data:`CHAN_MIN_POSITIONS` to
+    :data:`CHAN_MAX_POSITIONS` outputs; else ``direct`` with fewer than
+    :data:`DIRECT_MAX_POSITIONS` output positions; else ``plane``, at any stride, kernel and plane
+    size."""
     if group > 1 and cg * kh * kw < DIRECT_MAX_K:
         if cg == mg == 1 and CHAN_MIN_POSITIONS <= positions < CHAN_MAX_POSITIONS:
             return "chan"
         if positions < DIRECT_MAX_POSITIONS:
             return "direct"
-        if tuple(stride) != (1, 1):
-            return "plane"
-        if kh * kw <= 9 and positions >= PLANE_MIN_POSITIONS and 0 < plane <= PLANE_MAX_POINTS:
-            return "plane"
+        return "plane"
     return "packed"
 
 
@@ -440,8 +458,7 @@ def generate_conv_kernel(
     CG, MG = win.c // group, M // group
     K = CG * win.kh * win.kw
     P = win.oh * win.ow
-    plane = (win.h + win.ph + win.pe_h) * (win.w + win.pw + win.pe_w)
-    algo = schedule.get("conv_algo") or choose_conv_algo(CG, MG, win.kh, win.kw, (win.sh, win.sw), group, P, plane)
+    algo = schedule.get("conv_algo") or choose_conv_algo(CG, MG, win.kh, win.kw, group, P)
     if algo not in CONV_ALGOS:
         raise ValueError(f"schedule conv_algo={algo!r}: expected one of {CONV_ALGOS}")
     pro_full: list[str] = []
@@ -800,6 +817,10 @@ def _direct_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str,
     ]
 
 
+PLANE_TAPS_PER_STATEMENT = 9
+"""The plane kernel sums a window of up to this many taps in one statement (else one per row)."""
+
+
 def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, aw: str,
                 body: Sequence[str], parallel: bool) -> list[str]:
     """One unit per (image, group): the group's input planes are copied into zero-padded scratch
@@ -824,6 +845,29 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
     threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
     per = max(1, min(-(-DIRECT_TASK_OUTPUTS // (mg * win.oh * win.ow)), -(-units // (2 * threads))))
     ntask = -(-units // per)
+    # The taps of a statement are summed in registers and the accumulator is loaded and stored
+    # once per statement, not once per tap: the whole window in one statement up to
+    # PLANE_TAPS_PER_STATEMENT taps (its weights and the sum fit the vector registers), else one
+    # statement per window row. A depthwise conv (one input channel) assigns its first statement
+    # instead of zeroing the accumulator first.
+    by_phase: dict[int, list[tuple[int, int]]] = {}
+    for kh in range(win.kh):
+        for kw in range(win.kw):
+            by_phase.setdefault(((kh * win.dh) % win.sh) * win.sw + (kw * win.dw) % win.sw, []).append((kh, kw))
+    chunk = PLANE_TAPS_PER_STATEMENT
+    statements = [ts[i:i + chunk] for ts in by_phase.values() for i in range(0, len(ts), chunk)]
+    taps: list[str] = []
+    for si, stmt in enumerate(statements):
+        terms = []
+        for ti, (kh, kw) in enumerate(stmt):
+            phase = ((kh * win.dh) % win.sh) * win.sw + (kw * win.dw) % win.sw
+            base = ((kh * win.dh) // win.sh) * wg + (kw * win.dw) // win.sw
+            taps += [f"                    w{ti} = {aw}[m, c, {kh}, {kw}]",
+                     f"                    x{ti} = xp[c * {nph} + {phase}]"]
+            terms.append(f"w{ti} * x{ti}[numba.uint64({base} + q)]")
+        op = "=" if cg == 1 and si == 0 else "+="
+        taps += ["                    for q in range(nq):",
+                 f"                        acc_g[numba.uint64(q)] {op} " + " + ".join(terms)]
     # Unsigned indices and trip counts LLVM cannot see, so that the tap loops vectorize (module
     # docstring, "Index arithmetic"): nothing here is ever negative.
     return [
@@ -849,15 +893,9 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
         f"                            xr[numba.uint64(r + u)] = xi[numba.uint64(u * {win.sw} + b - {win.pw})]",
         f"            for j in range({mg}):",
         f"                m = g * {mg} + j",
-        "                acc_g[:] = 0.0",
+        *([] if cg == 1 else ["                acc_g[:] = 0.0"]),
         f"                for c in range({cg}):",
-        f"                    for kh in range({win.kh}):",
-        f"                        for kw in range({win.kw}):",
-        f"                            wv = {aw}[m, c, kh, kw]",
-        f"                            xr = xp[c * {nph} + ((kh * {win.dh}) % {win.sh}) * {win.sw} + (kw * {win.dw}) % {win.sw}]",
-        f"                            base = ((kh * {win.dh}) // {win.sh}) * {wg} + (kw * {win.dw}) // {win.sw}",
-        "                            for q in range(nq):",
-        "                                acc_g[numba.uint64(q)] += wv * xr[numba.uint64(base + q)]",
+        *taps,
         f"                for oh in range({win.oh}):",
         "                    for ow in range(ow_n):",
         f"                        p = {_ix(f'oh * {win.ow} + ow')}",
@@ -888,6 +926,7 @@ def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequ
     prange = "numba.prange" if parallel else "range"
     # A window row's taps in one statement: the position's accumulators are loaded and stored once
     # per window row, not once per tap (dw5x5 s2 672 @14: 62 -> 54 us; dw3x3 144 @4 n2: 9.2 -> 7.6).
+    # Whole windows of 3x3 in one statement made no difference.
     row_sum = " + ".join(f"wt[k + {kw}, j] * xt[r + {kw * win.dw}, j]" for kw in range(win.kw))
     # Trip counts from a run time value (module docstring, "Index arithmetic"): a loop of a small
     # constant count is unrolled before the vectorizer sees it.

@@ -63,6 +63,8 @@ GRID = {
     "depthwise_dilated_asym": ((2, 40, 7, 9), (40, 1, 3, 5), {"group": 40, "strides": (3, 2), "dilations": (1, 2),
                                                                "pads": (1, 2, 0, 3)}, True),
     "depthwise_1d": ((2, 24, 15), (24, 1, 5), {"group": 24, "pads": (2, 2)}, False),
+    # 25 taps of one phase: the plane kernel's statements of 9, 9 and 7 taps
+    "depthwise_5x5": ((1, 16, 9, 9), (16, 1, 5, 5), {"group": 16, "pads": (2, 2, 2, 2)}, True),
 }
 
 
@@ -160,7 +162,8 @@ PROLOGUE_GRID = {
     "1x1": ((2, 6, 5, 7), (8, 6, 1, 1), {}),
     "3x3_pad1": ((2, 5, 9, 8), (6, 5, 3, 3), {"pads": (1, 1, 1, 1)}),
     "3x3_s2_asym": ((1, 4, 10, 9), (8, 4, 3, 3), {"strides": (2, 2), "pads": (0, 1, 1, 0)}),
-    "group3_dilated": ((2, 6, 9, 9), (9, 2, 3, 3), {"group": 3, "dilations": (2, 1), "pads": (2, 1, 2, 1)}),
+    # 8 channels per group: a 72-long reduction, not depthwise-like, so the rule picks packed
+    "group3_dilated": ((2, 24, 9, 9), (9, 8, 3, 3), {"group": 3, "dilations": (2, 1), "pads": (2, 1, 2, 1)}),
 }
 
 
@@ -198,21 +201,19 @@ def test_conv_prologue_is_refused_where_the_rule_picks_another_algorithm() -> No
 
 
 def test_conv_algo_rule_packed_but_direct_plane_or_chan_for_depthwise() -> None:
-    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=784, plane=900) == "plane"  # 28x28
-    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=12544, plane=12996) == "packed"  # 112x112
-    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=256, plane=400) == "packed"  # 5x5 @16
+    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=784) == "plane"  # 28x28
+    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=12544) == "plane"  # 112x112
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=256) == "plane"  # 5x5 @16
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=49) == "plane"  # 5x5 @7
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=16) == "chan"  # depthwise, 4x4 output
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=36) == "chan"  # 6x6
     assert choose_conv_algo(1, 1, 7, 7, group=32, positions=4) == "direct"  # 7x7, 2x2 output
-    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=196, plane=324) == "chan"  # 5x5 @14
-    assert choose_conv_algo(1, 1, 3, 3, (2, 2), group=32, positions=3136) == "plane"  # strided, 56x56
-    assert choose_conv_algo(1, 1, 5, 5, (2, 2), group=32, positions=49) == "chan"  # strided, 7x7
-    assert choose_conv_algo(1, 1, 5, 5, (2, 2), group=32, positions=4) == "direct"  # strided, 2x2
     assert choose_conv_algo(2, 2, 3, 3, group=32, positions=16) == "direct"  # two channels per group, 4x4
-    assert choose_conv_algo(2, 2, 3, 3, (2, 2), group=32, positions=64) == "plane"  # two per group, strided
+    assert choose_conv_algo(2, 2, 3, 3, group=32, positions=64) == "plane"  # two per group
     assert choose_conv_algo(64, 64, 3, 3) == "packed"
     assert choose_conv_algo(512, 512, 3, 3, positions=49) == "packed"
-    assert choose_conv_algo(3, 64, 7, 7, (2, 2)) == "packed"  # strided stem
-    assert choose_conv_algo(8, 8, 3, 3, (2, 2), group=32) == "packed"  # grouped, 72-long reduction
+    assert choose_conv_algo(3, 64, 7, 7) == "packed"  # the stem
+    assert choose_conv_algo(8, 8, 3, 3, group=32) == "packed"  # grouped, 72-long reduction
 
 
 @pytest.mark.parametrize("orient", ["rows", "lanes"])
