@@ -187,7 +187,7 @@ algorithms copy no input, so the rule refuses a prologue where it would pick one
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,6 +208,7 @@ from fusiontune.codegen.common import (
     decorator,
     kernel_header,
 )
+from fusiontune.codegen.loopnest import EXPENSIVE
 from fusiontune.codegen.rules import SCALAR_RULES, literal, scalar_expr
 from fusiontune.ir.graph import Node, Shape
 from fusiontune.ir.ops import get_op
@@ -534,6 +535,7 @@ def generate_conv_kernel(
         body.append(f"v{i} = {expr}")
     for o in outputs:
         body.append(f"{at(o)} = {var[o]}")
+    tail = _transcendental_tail(epi, y, low, outputs, var, body, at, dtype)
 
     # A plane kernel runs a depthwise conv at 3 to 6 GMAC/s, against 100 and more for the dense
     # algorithms, so it pays for a parallel region at 8x fewer MACs. Measured with 2 threads,
@@ -572,8 +574,10 @@ def generate_conv_kernel(
             args = [ArgSpec(packed.value, shape, dtype, "in") if a.value == w else a for a in args]
         lines[0] = decorator(args, parallel=parallel, reassoc=False, params=True)
         lines[1] = f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}, prm):"
-        packed_lines, params = _packed_body(win, geo, group, CG, MG, min(rows, win.oh), plan, fill, aw, body,
-                                            parallel, bool(derived))
+        packed_lines, params = _packed_body(win, geo, group, CG, MG, min(rows, win.oh), plan, fill, aw,
+                                            body if tail is None else tail.head, parallel, bool(derived))
+        if tail is not None:
+            packed_lines += _tail_over_rows(tail, "k_group", "k_mg", "k_oh", "k_ow")
         lines += packed_lines
         # imported by its full name, so that the kernel cache key covers microkernel.py
         imports = ["from fusiontune.codegen.microkernel import dispatcher",
@@ -585,7 +589,7 @@ def generate_conv_kernel(
         lines += _chan_body(win, group, dtype, ax, aw, body, parallel)
         imports = []
     else:
-        lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
+        lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel, tail)
         imports = []
     code = "\n".join(lines) + "\n"
     code = code.replace("IX(", "(" if any(_LIBM_CALL.search(b) for b in (*body, *fill.elem)) else "numba.uint64(")
@@ -609,6 +613,64 @@ def _im2col_rows(win: Window, k: int, group: int, itemsize: int) -> int:
 
 def _epilogue_lines(body: Sequence[str], indent: str) -> list[str]:
     return [indent + s for s in body]
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The end of an epilogue that reads nothing but one value of its own and holds a
+    transcendental (a SiLU's sigmoid and product after the bias): a kernel whose epilogue runs
+    over a few positions per channel runs it instead as one flat loop over the output, where it
+    vectorizes. ``head``: the epilogue up to that value, stored in the output; ``lines``: the rest,
+    from ``value`` (a local read back from the output) to ``result``, stored over it."""
+
+    head: list[str]
+    lines: list[str]
+    value: str
+    result: str
+    out: str  # the output array
+
+
+def _tail_over_rows(tail: Tail, group: str, mg: str, oh: str, ow: str) -> list[str]:
+    """A task's :class:`Tail` over the output rows ``r0`` to ``r1`` of its image ``n`` and group
+    ``g``: one loop over all its channels when it holds whole planes (they follow one another in
+    the output), else one per channel."""
+    return [
+        f"        o_flat = {tail.out}.reshape({tail.out}.size)",
+        f"        run = (r1 - r0) * {ow}",
+        f"        whole = run == {oh} * {ow}",
+        f"        for mm in range(1 if whole else {mg}):",
+        f"            i0 = ((n * {group} + g) * {mg} + mm) * ({oh} * {ow}) + r0 * {ow}",
+        f"            for i in range(i0, i0 + ({mg} * run if whole else run)):",
+        f"                {tail.value} = o_flat[numba.uint64(i)]",
+        *_epilogue_lines(tail.lines, "                "),
+        f"                o_flat[numba.uint64(i)] = {tail.result}",
+    ]
+
+
+def _transcendental_tail(epi: Sequence[Node], y: str, low: Lowered, outputs: Sequence[str],
+                         var: Mapping[str, str], body: Sequence[str], at: Callable[[str], str],
+                         dtype: str) -> Tail | None:
+    """``body`` (the epilogue's statements: the bias, the loads, one per op of ``epi``, then the
+    stores) split before its last run of ops that read only values the epilogue computed (no
+    array, no other input), when that run holds a transcendental and reads one value from
+    before it; None when there is no such run, or the kernel writes more than one output."""
+    if len(outputs) != 1 or low.values[outputs[0]].dtype != dtype:
+        return None
+    own = {y} | {o for n in epi for o in n.outputs}
+    reads_array = [i for i, n in enumerate(epi) if any(v not in own and v not in low.scalars for v in n.inputs)]
+    cut = reads_array[-1] + 1 if reads_array else 0
+    rest = epi[cut:]
+    made = {o for n in rest for o in n.outputs}
+    before = {v for n in rest for v in n.inputs if v in own and v not in made}
+    if not rest or outputs[0] not in made or len(before) != 1 or not any(n.op in EXPENSIVE for n in rest):
+        return None
+    (value,) = before
+    if low.values[value].dtype != dtype:
+        return None
+    first = len(body) - len(outputs) - len(epi)  # the statement of epi[0]
+    return Tail(head=[*body[:first + cut], f"{at(outputs[0])} = {var[value]}"],
+                lines=list(body[first + cut:first + len(epi)]), value=var[value], result=var[outputs[0]],
+                out=at(outputs[0]).split("[", 1)[0])
 
 
 def _im2col_body(win: Window, group: int, cg: int, mg: int, k: int, rows: int, dtype: str, ax: str, aw: str,
@@ -765,12 +827,17 @@ against 12 without the SiLU: a 4-wide row left exp_f32 scalar."""
 
 
 def _direct_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, aw: str,
-                 body: Sequence[str], parallel: bool) -> list[str]:
+                 body: Sequence[str], parallel: bool, tail: Tail | None = None) -> list[str]:
     """One unit per (image, group, block of :data:`DIRECT_MB` output channels, block of output
     rows holding at least :data:`DIRECT_EPILOGUE_RUN` positions): it accumulates each row over
     the input channels and taps (inner loop over the output row), then applies the epilogue to
     the block's rows as one run. Units are dealt to tasks in runs of at least
-    :data:`DIRECT_TASK_OUTPUTS` outputs, with one scratch block per task."""
+    :data:`DIRECT_TASK_OUTPUTS` outputs, with one scratch block per task.
+
+    With a transcendental ``tail`` and whole planes per unit, a task's units write their
+    epilogue's head, and the tail runs once over the task's outputs, a contiguous run: over the
+    few positions of one channel it ran scalar (dw3x3 288 @2 n2 with a SiLU: 18.5 us, 4.3 without
+    the SiLU)."""
     mb = min(DIRECT_MB, mg)
     mblk = -(-mg // mb)
     rows = min(win.oh, max(1, -(-DIRECT_EPILOGUE_RUN // win.ow)))
@@ -780,6 +847,7 @@ def _direct_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str,
     threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
     per = max(1, min(-(-DIRECT_TASK_OUTPUTS // (mb * rows * win.ow)), -(-units // (2 * threads))))
     ntask = -(-units // per)
+    flat = tail if rblk == 1 else None
     return [
         f"    for t in {prange}({ntask}):",
         f"        acc_blk = np.empty(({mb}, {rows * win.ow}), dtype=np.{dtype})",
@@ -813,7 +881,19 @@ def _direct_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str,
         "                for q in range(run):",
         f"                    p = {_ix(f'oh0 * {win.ow} + q')}",
         "                    acc = acc_blk[j, q]",
-        *_epilogue_lines(body, "                    "),
+        *_epilogue_lines(body if flat is None else flat.head, "                    "),
+        *([] if flat is None else [
+            # units in order cover the output in order: (image, channel) planes, channels in blocks
+            f"        u0 = t * {per}",
+            f"        u1 = min(u0 + {per}, {units})",
+            f"        i0 = ((u0 // {mblk}) * {mg} + min((u0 % {mblk}) * {mb}, {mg})) * {win.oh * win.ow}",
+            f"        i1 = ((u1 // {mblk}) * {mg} + min((u1 % {mblk}) * {mb}, {mg})) * {win.oh * win.ow}",
+            f"        o_flat = {flat.out}.reshape({flat.out}.size)",
+            "        for i in range(i0, i1):",
+            f"            {flat.value} = o_flat[numba.uint64(i)]",
+            *_epilogue_lines(flat.lines, "            "),
+            f"            o_flat[numba.uint64(i)] = {flat.result}",
+        ]),
     ]
 
 

@@ -124,6 +124,32 @@ def test_conv_epilogue_reads_the_conv_input_and_a_per_channel_scale() -> None:
     _check(_graph(build))
 
 
+@pytest.mark.parametrize(("xs", "ws", "group", "flat", "schedule"), [
+    ((2, 8, 2, 2), (8, 1, 3, 3), 8, True, {"conv_algo": "direct"}),  # 2x2 outputs: one plane per unit
+    # 5 channels a group in blocks of 4 and 1: 6 units, 3 a task, the first task ends mid-group
+    ((1, 6, 3, 3), (15, 2, 3, 3), 3, True, {"conv_algo": "direct"}),
+    ((1, 4, 9, 9), (4, 1, 3, 3), 4, False, {"conv_algo": "direct"}),  # rows in blocks: tail in the unit
+    ((2, 6, 4, 4), (10, 6, 1, 1), 1, True, {"conv_algo": "packed", "conv_rows": 6}),  # whole planes: one loop
+    ((2, 6, 9, 9), (10, 3, 3, 3), 2, True, {"conv_algo": "packed", "conv_rows": 2}),  # one a channel
+    ((2, 6, 9, 9), (10, 6, 3, 3), 1, True, {"conv_algo": "packed", "conv_orient": "lanes", "conv_rows": 4}),
+])
+def test_conv_runs_a_silu_tail_flat_over_the_output(xs: tuple[int, ...], ws: tuple[int, ...], group: int,
+                                                   flat: bool, schedule: dict[str, object]) -> None:
+    """A SiLU after the bias (and a per-channel scale) reads nothing but its own value: the
+    direct and packed kernels run it as loops over each task's outputs (contiguous runs of the
+    output), so every element gets it once, whatever the blocks."""
+
+    def build(g: GraphBuilder) -> Tensor:
+        y = g.op("Conv", g.input("x", xs), _const(g, ws, 1), _const(g, (ws[0],), 2), group=group, pads=(1, 1, 1, 1))
+        y = g.mul(y, _const(g, (1, ws[0], 1, 1), 3))
+        return g.mul(y, g.sigmoid(y))
+
+    graph = _graph(build)
+    src = kernel_source(graph, [n.name for n in graph.nodes], schedule)
+    assert ("o_flat" in src.source) == flat
+    _check(graph, schedule)
+
+
 def test_conv_epilogue_approx_math_stays_close() -> None:
     graph = _graph(lambda g: g.gelu(g.op("Conv", g.input("x", (1, 3, 6, 6)), _const(g, (4, 3, 3, 3), 1))))
     src = kernel_source(graph, [n.name for n in graph.nodes], {"math": "approx"})
