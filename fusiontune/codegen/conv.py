@@ -583,10 +583,10 @@ def generate_conv_kernel(
         imports = ["from fusiontune.codegen.microkernel import dispatcher",
                    f"uk = dispatcher({dtype!r})"]
     elif algo == "plane":
-        lines += _plane_body(win, group, CG, MG, dtype, ax, aw, body, parallel)
+        lines += _plane_body(win, group, CG, MG, dtype, ax, aw, body, parallel, tail)
         imports = []
     elif algo == "chan":
-        lines += _chan_body(win, group, dtype, ax, aw, body, parallel)
+        lines += _chan_body(win, group, dtype, ax, aw, body, parallel, tail)
         imports = []
     else:
         lines += _direct_body(win, group, CG, MG, dtype, ax, aw, body, parallel, tail)
@@ -628,6 +628,17 @@ class Tail:
     value: str
     result: str
     out: str  # the output array
+
+
+def _tail_loop(tail: Tail, i0: str, i1: str) -> list[str]:
+    """A task's :class:`Tail` over the output's elements ``i0`` to ``i1`` (flat indices)."""
+    return [
+        f"        o_flat = {tail.out}.reshape({tail.out}.size)",
+        f"        for i in range({i0}, {i1}):",
+        f"            {tail.value} = o_flat[numba.uint64(i)]",
+        *_epilogue_lines(tail.lines, "            "),
+        f"            o_flat[numba.uint64(i)] = {tail.result}",
+    ]
 
 
 def _tail_over_rows(tail: Tail, group: str, mg: str, oh: str, ow: str) -> list[str]:
@@ -886,13 +897,8 @@ def _direct_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str,
             # units in order cover the output in order: (image, channel) planes, channels in blocks
             f"        u0 = t * {per}",
             f"        u1 = min(u0 + {per}, {units})",
-            f"        i0 = ((u0 // {mblk}) * {mg} + min((u0 % {mblk}) * {mb}, {mg})) * {win.oh * win.ow}",
-            f"        i1 = ((u1 // {mblk}) * {mg} + min((u1 % {mblk}) * {mb}, {mg})) * {win.oh * win.ow}",
-            f"        o_flat = {flat.out}.reshape({flat.out}.size)",
-            "        for i in range(i0, i1):",
-            f"            {flat.value} = o_flat[numba.uint64(i)]",
-            *_epilogue_lines(flat.lines, "            "),
-            f"            o_flat[numba.uint64(i)] = {flat.result}",
+            *_tail_loop(flat, f"((u0 // {mblk}) * {mg} + min((u0 % {mblk}) * {mb}, {mg})) * {win.oh * win.ow}",
+                        f"((u1 // {mblk}) * {mg} + min((u1 % {mblk}) * {mb}, {mg})) * {win.oh * win.ow}"),
         ]),
     ]
 
@@ -902,7 +908,7 @@ PLANE_TAPS_PER_STATEMENT = 9
 
 
 def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, aw: str,
-                body: Sequence[str], parallel: bool) -> list[str]:
+                body: Sequence[str], parallel: bool, tail: Tail | None = None) -> list[str]:
     """One unit per (image, group): the group's input planes are copied into zero-padded scratch
     planes (their borders are zeroed once per task), then every output channel of the group sums
     its taps over the whole output plane with no bounds to test, and the epilogue runs over the plane.
@@ -980,7 +986,10 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
         "                    for ow in range(ow_n):",
         f"                        p = {_ix(f'oh * {win.ow} + ow')}",
         f"                        acc = acc_g[oh * {wg} + ow]",
-        *_epilogue_lines(body, "                        "),
+        *_epilogue_lines(body if tail is None else tail.head, "                        "),
+        # a unit writes whole planes of its group's channels: a task's units, one run of the output
+        *([] if tail is None else _tail_loop(tail, f"t * {per * mg * win.oh * win.ow}",
+                                             f"min((t + 1) * {per}, {units}) * {mg * win.oh * win.ow}")),
     ]
 
 
@@ -989,7 +998,7 @@ CHAN_LANES = 16
 
 
 def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequence[str],
-               parallel: bool) -> list[str]:
+               parallel: bool, tail: Tail | None = None) -> list[str]:
     """A depthwise conv (one input and one output channel per group) channels-last: one unit per
     (image, run of channels). The unit copies its channels' input planes into a zero-padded
     (position, channel) scratch and its weights into a (tap, channel) one, then for every output
@@ -1042,7 +1051,9 @@ def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequ
         f"            for q in range({positions}):",
         f"                p = {_ix('q')}",
         "                acc = at[q, j]",
-        *_epilogue_lines(body, "                "),
+        *_epilogue_lines(body if tail is None else tail.head, "                "),
+        *([] if tail is None else _tail_loop(tail, f"(n * {group} + c0) * {positions}",
+                                             f"(n * {group} + c1) * {positions}")),
     ]
 
 

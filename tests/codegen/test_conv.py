@@ -132,6 +132,9 @@ def test_conv_epilogue_reads_the_conv_input_and_a_per_channel_scale() -> None:
     ((2, 6, 4, 4), (10, 6, 1, 1), 1, True, {"conv_algo": "packed", "conv_rows": 6}),  # whole planes: one loop
     ((2, 6, 9, 9), (10, 3, 3, 3), 2, True, {"conv_algo": "packed", "conv_rows": 2}),  # one a channel
     ((2, 6, 9, 9), (10, 6, 3, 3), 1, True, {"conv_algo": "packed", "conv_orient": "lanes", "conv_rows": 4}),
+    ((3, 8, 7, 7), (8, 1, 3, 3), 8, True, {"conv_algo": "plane"}),  # tasks of whole (image, group) planes
+    ((1, 6, 8, 8), (12, 2, 3, 3), 3, True, {"conv_algo": "plane"}),  # 4 output channels a group
+    ((1, 40, 4, 4), (40, 1, 3, 3), 40, True, {"conv_algo": "chan"}),  # two runs of 20 channels
 ])
 def test_conv_runs_a_silu_tail_flat_over_the_output(xs: tuple[int, ...], ws: tuple[int, ...], group: int,
                                                    flat: bool, schedule: dict[str, object]) -> None:
