@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 
 from fusiontune.codegen.cache import compile_kernels
@@ -263,6 +264,24 @@ def plan_buffers(fused: FusedGraph, sources: Sequence[KernelSource] | None = Non
     return BufferPlan(slot_of, tuple(slot_bytes), io, naive, in_place, views)
 
 
+def _entry_point(fn: Callable[..., None], args: Sequence[object]) -> Callable[..., None]:
+    """What a program calls for a kernel: the compiled entry point of its dispatcher's one
+    signature when ``args`` are exactly of that signature's types, else the dispatcher.
+
+    A program's arguments are its own buffers, fixed when it is built, so their types are checked
+    here once. The dispatcher resolves the types of every argument on every call: 270 ns per call
+    of a four-array kernel here against 170 for the entry point, which unboxes the same arrays and
+    runs the same machine code (on a program of 50 kernels, 5 us a run).
+    """
+    signatures = getattr(fn, "signatures", None)
+    if not signatures or len(signatures) != 1:
+        return fn
+    (sig,) = signatures
+    if tuple(numba.typeof(a) for a in args) != tuple(sig):
+        return fn
+    return fn.overloads[sig].entry_point  # type: ignore[attr-defined, no-any-return]
+
+
 class Program:
     """A runnable fused program.
 
@@ -306,7 +325,7 @@ class Program:
         compiled_all = compile_kernels([src for _, src in sources])
         for (group, src), compiled in zip(sources, compiled_all, strict=True):
             args = src.call_args([self._view(a.value, a.shape) for a in src.args])
-            self._calls.append((compiled.fn, args))
+            self._calls.append((_entry_point(compiled.fn, args), args))
             infos.append(_info(group, src, compiled.seconds, compiled.source, compiled.key))
         self.compile_s = time.perf_counter() - t0
         self.kernels = tuple(infos)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fusiontune.codegen import group_sources
+from fusiontune.codegen.cache import compile_kernels
 from fusiontune.config import FusionConfig
 from fusiontune.ir import Graph, GraphBuilder, random_inputs, run_graph
 from fusiontune.ir.training import TrainSpec
@@ -17,6 +18,7 @@ from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import run_pipeline
 from fusiontune.passes.registry import PASSES
 from fusiontune.runtime import Program, build_program, plan_buffers
+from fusiontune.runtime.program import _entry_point
 from fusiontune.workloads import make_workload
 from fusiontune.workloads.workload import training_workload
 
@@ -341,3 +343,20 @@ def test_every_split_point_changes_the_program(key: str, value: int) -> None:
     )
     assert [k.instance for k in split.kernels] != [k.instance for k in plain.kernels]
     assert_outputs_match(graph, split.run(inputs), inputs)
+
+
+def test_kernels_are_called_through_their_entry_points_checked_once() -> None:
+    """The program calls each kernel's compiled entry point, skipping the dispatcher's type
+    resolution on every call, after checking once that its buffers are of the one signature's
+    types; a dispatcher whose arguments are of other types stays a dispatcher (it would refuse
+    them, where the entry point would read them as the wrong type)."""
+    prog, graph, inputs = program_for("diamond", "defaults")
+    fns = [fn for fn, _ in prog._calls]
+    assert fns and not any(hasattr(fn, "signatures") for fn in fns)
+    assert_outputs_match(graph, prog.run(inputs), inputs)
+
+    kernel = compile_kernels([group_sources(FusedGraph.singletons(chain(1)))[0][1]])[0].fn
+    (sig,) = kernel.signatures
+    right = [np.zeros(1 if a.ndim == 0 else (2,) * a.ndim, dtype=a.dtype.name) for a in sig]
+    assert _entry_point(kernel, right) is not kernel
+    assert _entry_point(kernel, [r.astype(np.float64) for r in right]) is kernel
