@@ -184,6 +184,9 @@ def _pool_cases() -> list[OpCase]:
         "1d": ((2, 3, 10), {"kernel_shape": (3,), "strides": (2,), "pads": (1, 1)}),
         # rows of 52 padded columns: the row-by-row kernel (pool.POOL_FLAT_MAX_WIDTH), ceil_mode overhang
         "wide_rows": ((1, 2, 6, 50), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 0, 1), "ceil_mode": 1}),
+        # no pads but an odd width: the scratch plane is one column wider than the input
+        "odd_width_s2": ((2, 3, 7, 7), {"kernel_shape": (3, 3), "strides": (2, 2)}),
+        "stride3": ((1, 2, 10, 11), {"kernel_shape": (2, 3), "strides": (3, 3), "ceil_mode": 1}),
     }
     ap = {
         "exclude_pad": ((1, 3, 7, 7), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}),
