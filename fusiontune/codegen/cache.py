@@ -457,19 +457,34 @@ def _look_patiently(py: Path, text: str) -> _Entry:
         time.sleep(0.05)
 
 
-def _record(py: Path) -> None:
-    """Write the digests of the entry's machine code as it is on disk now."""
+def _digests(py: Path) -> dict[str, str]:
     sums = {}
     for p in _machine_files(py):
         try:
             sums[p.name] = _sha256(p.read_bytes())
         except FileNotFoundError:
             pass
+    return sums
+
+
+def _record(py: Path) -> None:
+    """Write the digests of the entry's machine code as it is on disk now, and again until the
+    files still match them once they are written.
+
+    Two compiles of one kernel do not always write the same bytes (numba's data file differs
+    now and then), so another process may replace a file between this one's reading it and its
+    digests landing: recorded as read, the digests named the replaced file, and the next process
+    quarantined a healthy entry as damaged (once in about five runs of four concurrent loaders).
+    """
     target = _sums_path(py)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp_", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(sums, f, indent=1, sort_keys=True)
-    os.replace(tmp, target)
+    for _ in range(_ATTEMPTS):
+        sums = _digests(py)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp_", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(sums, f, indent=1, sort_keys=True)
+        os.replace(tmp, target)
+        if _digests(py) == sums:
+            return
 
 
 def _quarantine(entry: _Entry, reason: str) -> Path | None:

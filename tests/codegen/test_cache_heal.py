@@ -376,6 +376,7 @@ def test_concurrent_loads_of_one_damaged_entry_all_succeed_and_heal_it(
     named = {WARNING_LINE.match(w).group(2) for w in warnings}  # type: ignore[union-attr]
     assert named == {str(f) for f in (py.parent / "quarantine").iterdir()}
     assert not list(py.parent.glob(".q_*")) and not list(py.parent.glob("__pycache__/.q_*"))
-    # The entry the loaders left behind is whole: a newcomer loads it from disk, silently.
+    # The entry the loaders left behind is whole: a newcomer loads it from disk, silently (the
+    # digests are checked against the files after they are written: cache._record).
     report, warnings = _finish(_child(cache_root))
     assert report["source"] == "disk" and warnings == []
