@@ -29,8 +29,9 @@ in the generated code, not in the cache).
 Concurrency. Several processes (Ray workers) may compile, load and quarantine the same kernel at
 once. The module is written to a temporary file and hard-linked into place, which fails harmlessly
 when another process won: it is never rewritten in place. numba writes its files through a
-temporary file and a rename, and the digests are written the same way; compiles are
-deterministic, so concurrent writers write the same bytes. Each file is quarantined by renaming it
+temporary file and a rename, and the digests are written the same way. Two compiles of one
+kernel do not always write the same bytes, so a writer checks its digests against the files once
+they are written, and writes them again until they match. Each file is quarantined by renaming it
 to a private name and checking that it is still the file this process judged (same inode, size
 and mtime); a file that another process has meanwhile replaced with a healthy one is linked back.
 Machine code written in the last seconds without a digest yet is given a moment for its writer
