@@ -308,3 +308,15 @@ def test_unknown_conv_algo_is_an_error() -> None:
     graph = _graph(lambda g: g.op("Conv", g.input("x", (1, 2, 4, 4)), _const(g, (2, 2, 1, 1), 1)))
     with pytest.raises(ValueError, match="conv_algo"):
         kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "winograd"})
+
+
+@pytest.mark.parametrize("act", ["Relu", "Clip"])
+def test_conv_with_a_relu_or_clip_epilogue_indexes_unsigned(act: str) -> None:
+    """Relu and Clip are selects (``np.maximum``, ``np.minimum``), not libm calls: their kernels
+    index with unsigned integers (module docstring, "Index arithmetic"), which lets LLVM vectorize
+    the input copy, here at stride 2, where each input row is split into even and odd columns."""
+    graph = _graph(lambda g: g.op(act, g.op("Conv", g.input("x", (2, 3, 13, 12)), _const(g, (8, 3, 3, 3), 1),
+                                            strides=(2, 2), pads=(1, 1, 1, 1))))
+    src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "packed"})
+    assert "de[0, numba.uint64(j)] = xi0[numba.uint64(2 * j)]" in src.source
+    _check(graph, {"conv_algo": "packed"})
