@@ -97,8 +97,8 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int, min_s: float 
 
 def ort_conv(c: int, h: int, m: int, k: int, stride: int, group: int, w: np.ndarray, batch: int,
              threads: int) -> Callable[[np.ndarray], object] | None:
-    """The same Conv as a one-node ONNX model in an onnxruntime session (ORT_ENABLE_ALL, no
-    spin-waiting, ``threads`` intra-op threads), or None where onnxruntime is not installed."""
+    """The same Conv as a one-node ONNX model in an onnxruntime session (benchmarks/_ort.py,
+    ``threads`` intra-op threads), or None where onnxruntime is not installed."""
     try:
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
@@ -111,12 +111,9 @@ def ort_conv(c: int, h: int, m: int, k: int, stride: int, group: int, w: np.ndar
         [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c, h, h])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, m, o, o])], [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(model.SerializeToString(),
-                                so, providers=["CPUExecutionProvider"])
+    from _ort import session_options
+
+    sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
     return lambda x: sess.run(None, {"x": x})
 
 

@@ -235,16 +235,9 @@ def _fusiontune(workload: Any, config: Any) -> PeerRun:
 
 def _onnxruntime(case: Case, path: Path, threads: int) -> PeerRun:
     import onnxruntime as ort
+    from _ort import session_options
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    # ORT's pool spin-waits after each run by default; in interleaved rounds that would burn the
-    # cores the next peer runs on, so its threads sleep between runs as every other peer's do.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     outs = dict(zip(names, sess.run(None, case.inputs), strict=True))
     return PeerRun("onnxruntime", lambda: sess.run(None, case.inputs), outs, "ORT_ENABLE_ALL")
