@@ -731,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"Command: `{' '.join(['.venv/bin/python', 'benchmarks/peers.py', *(argv if argv is not None else sys.argv[1:])])}`",
         "",
         f"- machine: {info['cpu_model']}, {info['cpu_count']} logical CPUs ({info['cpus_usable']} usable), {platform.platform()}",
-        f"- threads: {threads} for every peer (numba, onnxruntime intra-op without spin-waiting, torch, numexpr; JAX/XLA uses its own pool over the usable CPUs)",
+        f"- threads: {threads} for every peer (numba, onnxruntime intra-op spin-waiting up to 1 ms after its last work (benchmarks/_ort.py), torch, numexpr; JAX/XLA uses its own pool over the usable CPUs)",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()),
         f"- fusiontune configuration: {args.mode}; rounds: {args.rounds} interleaved, a sample >= {MIN_SAMPLE_S * 1e3:.0f} ms of calls;"
         f" rounds in which a peer's CV exceeds {noise.max_cv:.2f} or its IQR {noise.max_iqr:.0%} of its median are measured again"
