@@ -264,6 +264,16 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
     return "packed"
 
 
+DENSE_PARALLEL_FACTOR = 12
+"""A dense conv (every algorithm but ``plane``) runs in parallel from this many times
+:data:`~fusiontune.codegen.common.PARALLEL_MIN_ELEMENTS` multiply-adds on (393k). A numba parallel
+region costs about 1.8 us to launch on TBB here, and the packed kernel runs a small conv at 35-60
+multiply-adds a ns, so below about 400k a second thread gains less than the launch costs: with 2
+threads, ResNet18's small export (seventeen 3x3 convs of 296k-300k MACs at 2x2 to 16x16, each 5-9 us
+serial, 5-25% slower in parallel) ran 159 us at a factor of 8 and 136 us at 12, the other CNN exports
+within 0.5% (interleaved, one process). At 32 (1M), EfficientNet-B0 lost 10%: its 467k and 934k
+convs with a SiLU take 16 and 44 us in parallel, 21 and 70 serially."""
+
 _COMMUTATIVE = ("Add", "Mul")
 """Epilogue ops whose operands are written in a fixed order (IEEE sum and product commute exactly)."""
 
@@ -546,7 +556,7 @@ def generate_conv_kernel(
     # parallel against serial: dw3x3 s2 48 @32 n2 (221k MACs) 24 against 41 us, dw3x3 24 @32
     # (221k) 17 against 27, dw5x5 s2 48 @16 (77k) 9.9 against 11.8. The direct kernel did not
     # gain (dw5x5 192 @4 n2: 57 us parallel, 28 serial).
-    parallel = win.n * M * P * K >= PARALLEL_MIN_ELEMENTS * (1 if algo == "plane" else 8)
+    parallel = win.n * M * P * K >= PARALLEL_MIN_ELEMENTS * (1 if algo == "plane" else DENSE_PARALLEL_FACTOR)
     derived: tuple[Derived, ...] = ()
     params: tuple[int, ...] = ()
     lines = [decorator(args, parallel=parallel, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
