@@ -420,3 +420,24 @@ def test_epilogue_may_read_the_matmul_operands(name: str) -> None:
     graph = build({"plus_lhs": _mm_plus_lhs, "times_rhs": _mm_plus_rhs}[name], name)
     inputs = random_inputs(graph, seed=12)
     assert_matches_interpreter(graph, run_fused(one_group(graph), inputs), inputs)
+
+
+def test_no_kernel_is_compiled_parallel_where_numba_runs_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parallel region costs a threading-layer entry even with one thread: with
+    ``NUMBA_NUM_THREADS=1`` the kernel that runs in parallel elsewhere is compiled serial, and
+    computes the same values."""
+    import numba
+
+    b = GraphBuilder("one_thread")
+    x = b.input("x", (256, 512))
+    b.output(b.relu(b.add(x, x)))
+    graph = b.build()
+    names = tuple(n.name for n in graph.nodes)
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 2)
+    assert "parallel=True" in kernel_source(graph, list(names)).source
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 1)
+    assert "parallel=False" in kernel_source(graph, list(names)).source
+    prog = build_program(FusedGraph(graph, (Group("all", names, (), {}),)))
+    inputs = random_inputs(graph, seed=0)
+    out = graph.outputs[0]
+    np.testing.assert_allclose(prog.run(inputs)[out], run_graph(graph, inputs)[out], rtol=1e-6)
