@@ -320,3 +320,22 @@ def test_conv_with_a_relu_or_clip_epilogue_indexes_unsigned(act: str) -> None:
     src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "packed"})
     assert "de[0, numba.uint64(j)] = xi0[numba.uint64(2 * j)]" in src.source
     _check(graph, {"conv_algo": "packed"})
+
+
+def test_a_serial_packed_conv_is_not_cut_into_blocks_for_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows are cut into blocks to keep every thread busy only in a parallel kernel: a serial one
+    cut for two threads copied its halo rows twice and called the micro-kernel twice as often."""
+    import numba
+
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 2)
+    small = _graph(lambda g: g.relu(g.op("Conv", g.input("x", (2, 16, 3, 3)), _const(g, (16, 16, 3, 3), 1),
+                                         pads=(1, 1, 1, 1))))
+    src = kernel_source(small, [n.name for n in small.nodes], {"conv_algo": "packed"})
+    assert "parallel=False" in src.source
+    assert src.params[PACKED_PARAMS.index("nblk")] == 1
+    big = _graph(lambda g: g.relu(g.op("Conv", g.input("x", (1, 64, 8, 8)), _const(g, (64, 64, 3, 3), 1),
+                                       pads=(1, 1, 1, 1))))
+    src = kernel_source(big, [n.name for n in big.nodes], {"conv_algo": "packed"})
+    assert "parallel=True" in src.source
+    assert src.params[PACKED_PARAMS.index("nblk")] >= 2
+    _check(small, {"conv_algo": "packed"})
