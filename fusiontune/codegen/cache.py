@@ -478,14 +478,16 @@ def _record(py: Path) -> None:
     quarantined a healthy entry as damaged (once in about five runs of four concurrent loaders).
     """
     target = _sums_path(py)
+    sums = _digests(py)
     for _ in range(_ATTEMPTS):
-        sums = _digests(py)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp_", suffix=".json")
         with os.fdopen(fd, "w") as f:
             json.dump(sums, f, indent=1, sort_keys=True)
         os.replace(tmp, target)
-        if _digests(py) == sums:
+        now = _digests(py)
+        if now == sums:
             return
+        sums = now  # the files as they are now: written next, without hashing them again
 
 
 def _quarantine(entry: _Entry, reason: str) -> Path | None:

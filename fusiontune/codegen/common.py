@@ -199,6 +199,13 @@ def decorator(args: Sequence[ArgSpec], parallel: bool, reassoc: bool = True, par
     )
 
 
+def task_threads(parallel: bool) -> int:
+    """The threads a kernel's tasks are dealt to: numba's (a literal in the source, so the kernel
+    stays cacheable) when it runs in parallel, else one, so that a serial kernel is not cut into
+    blocks for threads it does not use."""
+    return int(numba.config.NUMBA_NUM_THREADS) if parallel else 1
+
+
 HEADER = "import math\nimport numpy as np\nimport numba\n\n\n"
 
 

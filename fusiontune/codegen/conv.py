@@ -191,7 +191,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 
 from fusiontune.codegen import microkernel
@@ -207,6 +206,7 @@ from fusiontune.codegen.common import (
     align,
     decorator,
     kernel_header,
+    task_threads,
 )
 from fusiontune.codegen.loopnest import EXPENSIVE
 from fusiontune.codegen.rules import SCALAR_RULES, literal, scalar_expr
@@ -618,7 +618,7 @@ def _im2col_rows(win: Window, k: int, group: int, itemsize: int, parallel: bool 
     """Output rows per im2col block: the patch matrix within :data:`COL_BYTES`, and, in a
     parallel kernel, enough blocks to keep every thread busy."""
     rows = max(1, COL_BYTES // max(1, k * win.ow * itemsize))
-    threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
+    threads = task_threads(parallel)
     tasks = win.n * group
     if tasks < 2 * threads:
         rows = min(rows, max(1, -(-win.oh // -(-2 * threads // tasks))))
@@ -766,7 +766,7 @@ def _shifted_rows(win: Window, wp: int, group: int, parallel: bool = True) -> in
     1x1 and 3x3 convs at 3x3 outputs, cut into two blocks of two rows (halo included) for two
     threads, ran 1.6-1.8x slower than as one block (fused_node_conv2d_22: 3.4 against 2.0 us)."""
     nblk = max(1, -(-win.oh * wp // SHIFT_POSITIONS))
-    threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
+    threads = task_threads(parallel)
     tasks = win.n * group
     if tasks * nblk < 2 * threads:
         nblk = max(nblk, -(-2 * threads // tasks))
@@ -872,7 +872,7 @@ def _direct_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str,
     rblk = -(-win.oh // rows)
     prange = "numba.prange" if parallel else "range"
     units = win.n * group * mblk * rblk
-    threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
+    threads = task_threads(parallel)
     per = max(1, min(-(-DIRECT_TASK_OUTPUTS // (mb * rows * win.ow)), -(-units // (2 * threads))))
     ntask = -(-units // per)
     flat = tail if rblk == 1 else None
@@ -946,7 +946,7 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
     nph = win.sh * win.sw
     prange = "numba.prange" if parallel else "range"
     units = win.n * group
-    threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
+    threads = task_threads(parallel)
     per = max(1, min(-(-DIRECT_TASK_OUTPUTS // (mg * win.oh * win.ow)), -(-units // (2 * threads))))
     ntask = -(-units // per)
     # The taps of a statement are summed in registers and the accumulator is loaded and stored
@@ -1028,7 +1028,7 @@ def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequ
     hp, wp = win.hp, win.wp
     taps = win.kh * win.kw
     positions = win.oh * win.ow
-    threads = numba.config.NUMBA_NUM_THREADS if parallel else 1
+    threads = task_threads(parallel)
     nck = max(1, min(group // CHAN_LANES, -(-2 * threads // win.n)))  # runs of channels per image
     ch = -(-group // nck)
     prange = "numba.prange" if parallel else "range"

@@ -19,7 +19,6 @@ lies inside it (the padding is never read).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from fusiontune.codegen._window import Window, col_range, window_of
@@ -30,6 +29,7 @@ from fusiontune.codegen.common import (
     NotFusable,
     decorator,
     kernel_header,
+    task_threads,
 )
 from fusiontune.codegen.rules import WINDOW_OPS
 from fusiontune.ir.graph import Node, Value
@@ -90,7 +90,7 @@ def generate_pool_kernel(node: Node, values: dict[str, Value], name: str) -> Ker
     if is_max and win.wp >= POOL_FLAT_MAX_WIDTH:
         lines += _max_row_lines(win, dt, prange)
     elif is_max:
-        lines += _max_lines(win, dt, prange, numba.config.NUMBA_NUM_THREADS if parallel else 1)
+        lines += _max_lines(win, dt, prange, task_threads(parallel))
     else:
         lines += _average_lines(win, dt, prange)
     code = "\n".join(lines) + "\n"
