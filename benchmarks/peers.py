@@ -696,6 +696,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.results is None and args.models is None:
         args.results = Path(__file__).resolve().parent / "RESULTS.md"
 
+    if args.threads and "numba" not in sys.modules:
+        # numba reads its thread count once, at import: with one thread the kernels are then
+        # compiled serial (a parallel region of one thread still costs its launch)
+        os.environ["NUMBA_NUM_THREADS"] = str(args.threads)
     from fusiontune.codegen.threading_layer import num_threads, set_num_threads
 
     threads = args.threads or num_threads()

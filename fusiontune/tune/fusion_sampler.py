@@ -35,7 +35,7 @@ this sampler models what fusion spaces are made of:
    suspect: it stays searchable, and the design gives it its spare columns.)
 
 Noise: each runtime observation is weighted by its own spread (the 95% interval of its median,
-or its IQR). Everything is rebuilt from ``study.trials`` on every ask: no hidden state, so
+or its IQR). The initial design is randomised per seed (run order, each column's sign). Everything is rebuilt from ``study.trials`` on every ask: no hidden state, so
 storage, resume, several drivers and Ray work as with any optuna sampler; a draw is seeded by
 ``(seed, trial.number)``, so a seed gives the same sweep.
 """
@@ -77,6 +77,7 @@ SPARSE_MAINS: dict[str, dict[str, bool]] = {
     "horseshoe": {"main_horseshoe": True},
     "ard": {"sparse_mains": True},
 }
+_DESIGN_STREAM = 0x5EED  # the design's random stream, apart from the asks' (seed, number)
 CULPRIT_PRIOR = MARGIN_CLIP  # a culprit switched on moves the margin by 2x this: from -3 to +3
 INEXACT_PRIOR = 1.0  # an inexact pass switched on: expected to raise the margin by 2
 
@@ -315,7 +316,7 @@ class FusionSampler(BaseSampler):
         bound, and its gain cannot be used anyway)."""
         if not active:
             return []
-        design = two_level_design(len(active))
+        design = self._randomised(two_level_design(len(active)))
         rows = [self._off.copy() for _ in design]
         for col, k in enumerate(active):
             if k in culprit_dims:
@@ -328,6 +329,15 @@ class FusionSampler(BaseSampler):
                 for i, r in enumerate(high):
                     rows[r][k] = 1 + i % (self._sizes[k] - 1)
         return rows
+
+    def _randomised(self, design: np.ndarray) -> np.ndarray:
+        """The design with its runs in a random order and each column's sign drawn: still
+        orthogonal and balanced, but no longer the same points for every seed (the normalised
+        array's first run is all "+", every pass on: the defaults again). Seeded by ``seed``
+        alone, so every ask rebuilds the same design."""
+        rng = np.random.default_rng([self.seed, _DESIGN_STREAM])
+        signs = rng.choice([-1.0, 1.0], size=design.shape[1])
+        return design[rng.permutation(len(design))] * signs
 
     def _one_at_a_time(
         self, hist: History, active: list[int], culprit_dims: set[int]
@@ -409,7 +419,18 @@ class FusionSampler(BaseSampler):
         hist = History(self, trials)
         if len(hist.y) < 3 or not hist.log:
             return {}
-        mean, _ = self._runtime_model().fit(hist.X, hist.y, hist.noise).predict(hist.X)
+        model = self._runtime_model().fit(hist.X, hist.y, hist.noise)
+        mean, _ = model.predict(hist.X)
+        # What the model cannot express (three-way terms, a pass's effect that depends on the
+        # shapes it meets) is part of a point's runtime, not noise: a measured point's own
+        # value gets the share of its residual that the misfit explains, against its own
+        # measurement noise. Under pure noise (the misfit no larger than the runs' spread) this
+        # is the posterior mean; under precise runs and a misfit, nearly the measurement.
+        own = np.asarray(hist.noise, dtype=float) ** 2 if hist.noise is not None else None
+        if own is not None and np.isfinite(own).any():
+            own = np.where(np.isfinite(own), own, np.nanmean(own))
+            misfit = model.misfit_var(own)
+            mean = mean + misfit / (misfit + own + 1e-300) * (hist.y - mean)
         return {n: float(m) for n, m in zip(hist.numbers, mean, strict=True)}
 
     def _runtime_model(self) -> BayesianLinearModel:

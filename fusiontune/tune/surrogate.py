@@ -472,6 +472,12 @@ class BayesianLinearModel:
         self._check()
         return math.sqrt(self.noise_var) * self.scale
 
+    def misfit_var(self, own_var: np.ndarray) -> float:
+        """The variance of what the model does not express, beyond the observations' own
+        measurement variance ``own_var`` (y's units squared): here the fitted misfit itself."""
+        self._check()
+        return self.noise_sd**2
+
     def quadratic(self, beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         """``(c, b, Q)`` with ``f(x) = c + b @ x + x @ Q @ x`` for coefficients ``beta`` (Q upper
         triangular, zero diagonal): the form an acquisition optimiser evaluates quickly."""
@@ -592,7 +598,7 @@ class HorseshoeModel(BayesianLinearModel):
         lam2, nu = np.ones(p), np.ones(p)
         tau2, xi, tau2m, xim, sig2 = 1.0, 1.0, 1.0, 1.0, 0.25
         floor2 = self.min_noise_sd**2
-        means, draws = [], []
+        means, draws, sig2s = [], [], []
         stride = max(1, (self.iterations - self.burn) // max(1, self.keep))
         # Loop invariants hoisted: the chain runs hundreds of sweeps per fit, at sizes where
         # numpy's per-call overhead is most of a sweep's time.
@@ -619,6 +625,7 @@ class HorseshoeModel(BayesianLinearModel):
                 xim = 1.0 / rng.gamma(1.0, 1.0 / (1.0 + 1.0 / tau2m))
             if it >= self.burn:
                 means.append(mean)
+                sig2s.append(sig2)
                 if (it - self.burn) % stride == 0:
                     draws.append(beta)
         if not means:  # no data: the prior
@@ -627,10 +634,22 @@ class HorseshoeModel(BayesianLinearModel):
         self._mean_z = np.mean(means, axis=0) + mu0
         self._cov_z = np.cov(self._draws_z.T).reshape(p, p) if len(draws) > 1 else np.eye(p)
         self.noise_var = sig2
+        # the noise variance's posterior mean, relative to the observations' mean own variance
+        self._sig2_mean = float(np.mean(sig2s)) if sig2s else sig2
         self.posterior_mean = self._mean_z * self.scale
         self.posterior_mean[0] += self.offset
         self.posterior_cov = self._cov_z * self.scale**2
         return self
+
+    def misfit_var(self, own_var: np.ndarray) -> float:
+        """The variance of what the model does not express, beyond the observations' own
+        variance ``own_var`` (y's units squared). The horseshoe's noise is one scale for
+        everything the terms leave (``sigma^2`` times each run's relative variance): the misfit
+        is its posterior mean less the runs' mean own variance."""
+        self._check()
+        own = np.asarray(own_var, dtype=float)
+        own = own[np.isfinite(own)]
+        return max(0.0, self._sig2_mean * self.scale**2 - (float(np.mean(own)) if len(own) else 0.0))
 
     def _sample(self, rng: np.random.Generator) -> np.ndarray:
         out = self._draws_z[int(rng.integers(len(self._draws_z)))] * self.scale

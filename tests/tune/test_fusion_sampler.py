@@ -367,3 +367,68 @@ def test_an_unknown_model_name_is_refused() -> None:
         FusionSampler(dims(3), feasibility_model="gp")
     with pytest.raises(ValueError, match="model 'gp': one of horseshoe, ard"):
         FusionSampler(dims(3), model="gp")
+
+
+def test_the_screening_design_is_drawn_per_seed_and_stays_orthogonal() -> None:
+    def design(seed: int) -> np.ndarray:
+        sampler = FusionSampler(dims(7), bound=BOUND, seed=seed)
+        hist = History(sampler, optuna.create_study().trials)
+        return np.where(np.array(sampler._design(hist)) == 1, 1.0, -1.0)
+
+    first = design(0)
+    assert np.allclose(first.sum(axis=0), 0)
+    assert np.allclose(first.T @ first, len(first) * np.eye(7))
+    assert np.array_equal(design(0), first)  # every ask rebuilds the same design
+    assert {r.tobytes() for r in design(1)} != {r.tobytes() for r in first}
+
+
+def _told(params: Mapping[str, str], runtime: float, sd: float) -> Any:
+    """A measured trial whose 95% interval says its log runtime's own sd is ``sd``."""
+    result = EvalResult(
+        0, "", "", EvalStatus.OK, median_s=runtime,
+        ci_low_s=runtime * math.exp(-1.96 * sd), ci_high_s=runtime * math.exp(1.96 * sd),
+    )  # fmt: skip
+    return optuna.trial.create_trial(
+        params=dict(params),
+        distributions=dims(len(params)),
+        value=runtime,
+        user_attrs={RESULT: result.to_json(), CONSTRAINT: -1e-4},
+    )
+
+
+def _told_study(sd: float, threeway: float, seed: int = 0) -> tuple[optuna.Study, dict[int, float]]:
+    """40 of the 256 points of 8 switches, measured with own sd ``sd``; the true log runtime
+    has additive gains, one pair and a three-way term of size ``threeway``."""
+    rng = np.random.default_rng(seed)
+    gains = rng.uniform(-0.04, 0.06, 8)
+    study = optuna.create_study()
+    true: dict[int, float] = {}
+    for n, code in enumerate(rng.choice(256, 40, replace=False)):
+        x = (int(code) >> np.arange(8)) & 1
+        g = gains @ x + 0.05 * x[3] * x[4] + threeway * x[0] * x[1] * x[2]
+        true[n] = math.log(1e-3) - g
+        runtime = math.exp(true[n] + sd * rng.standard_normal())
+        study.add_trial(_told({f"pass.P{i}": ("on" if b else "off") for i, b in enumerate(x)}, runtime, sd))
+    return study, true
+
+
+def test_a_measured_points_value_keeps_what_the_model_cannot_express() -> None:
+    """Precise runs and a three-way term a pairwise model cannot hold: each measured point's
+    value stays at its measurement (the misfit is part of its runtime, not noise), so the
+    model's pick is the truly fastest measured point, as on a noise-free replay."""
+    study, true = _told_study(sd=0.001, threeway=0.08)
+    mean = FusionSampler(dims(8), bound=BOUND, seed=0).predicted(study.trials)
+    measured = {t.number: math.log(t.values[0]) for t in study.trials}
+    assert max(abs(mean[n] - measured[n]) for n in mean) < 0.005
+    assert min(mean, key=mean.__getitem__) == min(true, key=true.__getitem__)
+
+
+def test_under_pure_noise_a_measured_points_value_pools_the_other_trials() -> None:
+    """Runs with 3% noise and no misfit: the value is the model's, nearer the truth than the
+    point's own measurement."""
+    study, true = _told_study(sd=0.03, threeway=0.0, seed=1)
+    mean = FusionSampler(dims(8), bound=BOUND, seed=0).predicted(study.trials)
+    measured = {t.number: math.log(t.values[0]) for t in study.trials}
+    model_err = np.mean([abs(mean[n] - true[n]) for n in mean])
+    run_err = np.mean([abs(measured[n] - true[n]) for n in mean])
+    assert model_err < 0.7 * run_err
