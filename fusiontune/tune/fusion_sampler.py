@@ -19,7 +19,9 @@ this sampler models what fusion spaces are made of:
    effects per ask (the pairs at their posterior mean: ``pair_draw``), minimised over the space by enumeration when it has at most
    ``max_enumerate`` points, by local search with restarts otherwise. Every third ask
    (``greedy_every``) minimises the posterior mean instead of a draw: the best point the model
-   knows of gets measured, not only its neighbours.
+   knows of gets measured, not only its neighbours. The ask after it (``contrast_every``) is a
+   step of best-arm identification: among the best fresh points, the one whose run most
+   shrinks the uncertainty between the recommendation and its strongest challenger.
 3. **Feasibility**: a second Bayesian linear model (main effects) of the accuracy margin
    ``clip(log(error / bound), -3, 3)``; failed trials (build failed, timeout) count as
    ``+3``. Prior knowledge enters as prior means: an inexact pass (the registry's
@@ -77,6 +79,7 @@ SPARSE_MAINS: dict[str, dict[str, bool]] = {
     "horseshoe": {"main_horseshoe": True},
     "ard": {"sparse_mains": True},
 }
+CONTRAST_POOL = 512  # a contrast run is chosen among this many best fresh points (posterior mean)
 _DESIGN_STREAM = 0x5EED  # the design's random stream, apart from the asks' (seed, number)
 CULPRIT_PRIOR = MARGIN_CLIP  # a culprit switched on moves the margin by 2x this: from -3 to +3
 INEXACT_PRIOR = 1.0  # an inexact pass switched on: expected to raise the margin by 2
@@ -118,6 +121,8 @@ class FusionSampler(BaseSampler):
         greedy_every: every this many trials, minimise the posterior mean instead of a draw
             (0: never). On the planted jobs (8 seeds of 4 jobs, 40 trials), every third trial
             greedy measured the optimum in 31 of 32 runs against 27 of 32 without.
+        contrast_every: every this many trials, one after each greedy one, a contrast run
+            (:meth:`_contrast`; 0: never).
         model_options: options of the runtime model (:class:`BayesianLinearModel` or
             :class:`HorseshoeModel`).
         feasibility_pairs: pairwise terms in the feasibility model (a pair of passes that
@@ -156,6 +161,7 @@ class FusionSampler(BaseSampler):
         min_feasible: float = 0.5,
         max_enumerate: int = 2**16,
         greedy_every: int = 3,
+        contrast_every: int = 3,
         model_options: Mapping[str, Any] | None = None,
         feasibility_pairs: bool = True,
         max_design: int | None = None,
@@ -177,6 +183,7 @@ class FusionSampler(BaseSampler):
         self.min_feasible = min_feasible
         self.max_enumerate = max_enumerate
         self.greedy_every = greedy_every
+        self.contrast_every = contrast_every
         self.model_options = dict(model_options or {})
         self.feasibility_pairs = feasibility_pairs
         self.feasibility_model = feasibility_model
@@ -276,7 +283,8 @@ class FusionSampler(BaseSampler):
             return hist.canonical(design[0][None, :])[0]
         if len(hist.y) >= 2:
             greedy = self.greedy_every > 0 and number % self.greedy_every == 0
-            choice = self._thompson(hist, rng, greedy)
+            contrast = self.contrast_every > 0 and number % self.contrast_every == 1
+            choice = self._thompson(hist, rng, greedy, contrast)
             if choice is not None:
                 return choice
         return self._random_fresh(hist, rng)
@@ -365,9 +373,10 @@ class FusionSampler(BaseSampler):
         return out
 
     def _thompson(
-        self, hist: History, rng: np.random.Generator, greedy: bool = False
+        self, hist: History, rng: np.random.Generator, greedy: bool = False, contrast: bool = False
     ) -> np.ndarray | None:
-        """Minimise a posterior draw of log runtime over the fresh points predicted feasible."""
+        """Minimise a posterior draw of log runtime over the fresh points predicted feasible
+        (``greedy``: the posterior mean; ``contrast``: :meth:`_contrast` among the best)."""
         runtime = self._runtime_model().fit(hist.X, hist.y, hist.noise)
         feas = self._feasibility(hist)
 
@@ -383,7 +392,7 @@ class FusionSampler(BaseSampler):
             spread = np.sqrt(sd**2 + feas.noise_sd**2)
             return ndtr(-mean / np.maximum(spread, 1e-12))
 
-        beta = runtime.posterior_mean if greedy else runtime.sample_coefficients(rng)
+        beta = runtime.posterior_mean if greedy or contrast else runtime.sample_coefficients(rng)
         if self.pair_draw < 1.0:  # shrink the draw's pair part towards the posterior mean
             d = self.coding.n_features
             mean = runtime.posterior_mean
@@ -402,7 +411,48 @@ class FusionSampler(BaseSampler):
         if not (p >= self.min_feasible).any():
             return pool[int(np.argmax(p))]  # nothing predicted feasible: the most likely one
         pool = pool[p >= self.min_feasible]
+        if contrast:
+            best = pool[np.argsort(value(beta, pool), kind="stable")[:CONTRAST_POOL]]
+            choice = self._contrast(hist, runtime, best)
+            if choice is not None:
+                return choice
         return pool[int(np.argmin(value(beta, pool)))]
+
+    def _contrast(
+        self, hist: History, runtime: BayesianLinearModel, pool: np.ndarray
+    ) -> np.ndarray | None:
+        """The point of ``pool`` that best tells the recommendation from its strongest
+        challenger: one step of best-arm identification in a linear model (Soare, Lazaric &
+        Munos 2014's XY-allocation). The recommendation ``a`` is the measured feasible point of
+        least posterior mean, the challenger ``b`` the point (measured, or in ``pool``) most
+        likely to be faster; the chosen ``x`` shrinks the posterior variance of
+        ``f(b) - f(a)`` most: ``(c' S phi(x))^2 / (noise + phi(x)' S phi(x))`` with ``c =
+        phi(b) - phi(a)``. Near the optimum the noise hides differences of a percent from a
+        single run of either point; a run chosen this way (typically ``a`` or ``b`` with one
+        of the switches they differ in flipped) measures exactly the terms that decide them.
+        None when there is no feasible measured point or no challenger."""
+        ok = np.array([not hist.infeasible(lv) for lv in hist.levels], dtype=bool)
+        if not ok.any() or not len(pool):
+            return None
+        measured, _ = runtime.predict(hist.X)
+        a = int(np.flatnonzero(ok)[np.argmin(measured[ok])])
+        phi_a = runtime.design(hist.X[a : a + 1])[0]
+        rivals = np.vstack([hist.levels[ok], pool])
+        phi = runtime.design(self._features(rivals))
+        diff = phi - phi_a
+        cov = runtime.posterior_cov
+        var = np.sum((diff @ cov) * diff, axis=1)
+        mu = diff @ runtime.posterior_mean
+        p_better = np.where(var > 1e-18, ndtr(-mu / np.sqrt(np.maximum(var, 1e-18))), 0.0)
+        if not (p_better > 0).any():
+            return None
+        c = diff[int(np.argmax(p_better))]
+        phi_x = runtime.design(self._features(pool))
+        own = np.asarray(hist.noise, dtype=float) ** 2 if hist.noise is not None else np.array([])
+        own = own[np.isfinite(own)]
+        noise = runtime.misfit_var(own) + (float(np.mean(own)) if len(own) else 0.0)
+        gain = (phi_x @ (cov @ c)) ** 2 / (max(noise, 1e-12) + np.sum((phi_x @ cov) * phi_x, axis=1))
+        return pool[int(np.argmax(gain))]
 
     def predicted(self, trials: Sequence[FrozenTrial]) -> dict[int, float]:
         """The runtime model's posterior mean of log runtime at each measured trial.
