@@ -324,7 +324,11 @@ class FusionSampler(BaseSampler):
         bound, and its gain cannot be used anyway)."""
         if not active:
             return []
-        design = self._randomised(two_level_design(len(active)))
+        design = two_level_design(len(active))
+        # cut to the budget before the runs are shuffled: a fixed fraction of the array, the
+        # same for every seed up to the signs (a random fraction of a Paley array lost 6 of 11
+        # seeds within 1% on the planted 20-switch job, 24 runs cut to 20)
+        design = self._randomised(design[: self.max_design])
         rows = [self._off.copy() for _ in design]
         for col, k in enumerate(active):
             if k in culprit_dims:
@@ -339,10 +343,10 @@ class FusionSampler(BaseSampler):
         return rows
 
     def _randomised(self, design: np.ndarray) -> np.ndarray:
-        """The design with its runs in a random order and each column's sign drawn: still
-        orthogonal and balanced, but no longer the same points for every seed (the normalised
-        array's first run is all "+", every pass on: the defaults again). Seeded by ``seed``
-        alone, so every ask rebuilds the same design."""
+        """The design with its runs in a random order and each column's sign drawn: the same
+        estimates (a column's sign and the run order change none), but no longer the same points
+        for every seed (the normalised array's first run is all "+", every pass on: the defaults
+        again). Seeded by ``seed`` alone, so every ask rebuilds the same design."""
         rng = np.random.default_rng([self.seed, _DESIGN_STREAM])
         signs = rng.choice([-1.0, 1.0], size=design.shape[1])
         return design[rng.permutation(len(design))] * signs

@@ -465,3 +465,19 @@ def test_a_contrast_run_is_the_one_that_best_tells_the_recommendation_from_its_c
     left = [after(p) for p in pool]
     assert after(choice) <= min(left) + 1e-12
     assert after(choice) < float(np.median(left))
+
+
+def test_a_design_cut_to_the_budget_is_the_same_fraction_of_the_array_for_every_seed() -> None:
+    """24 runs for 20 switches, 12 of them kept: every seed keeps the same runs up to column
+    signs and order, so its estimates are as good (|X'X| the same), not a random subset."""
+
+    def gram(seed: int) -> np.ndarray:
+        sampler = FusionSampler(dims(20), bound=BOUND, seed=seed, max_design=12)
+        hist = History(sampler, optuna.create_study().trials)
+        x = np.where(np.array(sampler._design(hist)) == 1, 1.0, -1.0)
+        assert len(x) == 12
+        return np.abs(x.T @ x)
+
+    first = gram(0)
+    for seed in (1, 2, 3):
+        assert np.array_equal(gram(seed), first)
