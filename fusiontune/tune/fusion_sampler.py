@@ -37,8 +37,9 @@ this sampler models what fusion spaces are made of:
    suspect: it stays searchable, and the design gives it its spare columns.)
 
 Noise: each runtime observation is weighted by its own spread (the 95% interval of its median,
-or its IQR). The initial design is randomised per seed (run order, each column's sign). Everything is rebuilt from ``study.trials`` on every ask: no hidden state, so
-storage, resume, several drivers and Ray work as with any optuna sampler; a draw is seeded by
+or its IQR). The initial design is randomised per seed (run order, each column's sign).
+Everything is rebuilt from ``study.trials`` on every ask: no hidden state, so storage, resume,
+several drivers and Ray work as with any optuna sampler; a draw is seeded by
 ``(seed, trial.number)``, so a seed gives the same sweep.
 """
 

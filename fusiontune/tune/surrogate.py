@@ -634,7 +634,7 @@ class HorseshoeModel(BayesianLinearModel):
         self._mean_z = np.mean(means, axis=0) + mu0
         self._cov_z = np.cov(self._draws_z.T).reshape(p, p) if len(draws) > 1 else np.eye(p)
         self.noise_var = sig2
-        # the noise variance's posterior mean, relative to the observations' mean own variance
+        # sigma^2's posterior mean (standardised units), for misfit_var: one draw is too noisy
         self._sig2_mean = float(np.mean(sig2s)) if sig2s else sig2
         self.posterior_mean = self._mean_z * self.scale
         self.posterior_mean[0] += self.offset
