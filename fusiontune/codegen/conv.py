@@ -614,7 +614,7 @@ def generate_conv_kernel(
     return KernelSource(name, source, tuple(args), "conv", nbytes, flops, derived, params)
 
 
-def _im2col_rows(win: Window, k: int, group: int, itemsize: int, parallel: bool = True) -> int:
+def _im2col_rows(win: Window, k: int, group: int, itemsize: int, parallel: bool) -> int:
     """Output rows per im2col block: the patch matrix within :data:`COL_BYTES`, and, in a
     parallel kernel, enough blocks to keep every thread busy."""
     rows = max(1, COL_BYTES // max(1, k * win.ow * itemsize))
@@ -759,7 +759,7 @@ def _grid_epilogue(mg: int | str, wp: int | str, ow: int | str, body: Sequence[s
     ]
 
 
-def _shifted_rows(win: Window, wp: int, group: int, parallel: bool = True) -> int:
+def _shifted_rows(win: Window, wp: int, group: int, parallel: bool) -> int:
     """Output rows per shifted (or packed) block: about :data:`SHIFT_POSITIONS` padded-width
     positions, rows spread evenly over the blocks, and, in a parallel kernel, enough blocks to keep
     every thread busy. A serial kernel cut for threads it does not use paid for it: SqueezeNet's

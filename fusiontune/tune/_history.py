@@ -67,6 +67,15 @@ class History:
         self.levels_z = np.array(levels_z).reshape(len(levels_z), len(sampler._sizes))
         self.Xz = sampler._features(self.levels_z)
 
+    def own_var(self) -> np.ndarray:
+        """Each runtime observation's own variance (log units): its spread squared, the mean of
+        the known ones where a run has none; empty when no spread is known."""
+        if self.noise is None:
+            return np.zeros(0)
+        own = np.asarray(self.noise, dtype=float) ** 2
+        known = np.isfinite(own)
+        return np.where(known, own, np.mean(own[known])) if known.any() else np.zeros(0)
+
     def _inert(
         self, rows: Sequence[tuple[np.ndarray, FrozenTrial, TrialRecord]]
     ) -> tuple[set[int], set[int]]:

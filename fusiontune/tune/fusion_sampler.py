@@ -297,9 +297,9 @@ class FusionSampler(BaseSampler):
         # passes: it takes the design's spare columns, which cost no runs.
         suspects = sorted(hist.suspect - hist.inert)
         if self.design == "screening" and active and suspects:
-            rows = len(two_level_design(len(active)))
+            size = len(two_level_design(len(active)))
             extra = len(suspects)
-            while extra and len(two_level_design(len(active) + extra)) != rows:
+            while extra and len(two_level_design(len(active) + extra)) != size:
                 extra -= 1
             active = sorted(active + suspects[:extra])
         culprit_dims = {self.coding.names.index(f"pass.{c}") for c in self._known_culprits()}
@@ -453,8 +453,7 @@ class FusionSampler(BaseSampler):
             return None
         c = diff[int(np.argmax(p_better))]
         phi_x = runtime.design(self._features(pool))
-        own = np.asarray(hist.noise, dtype=float) ** 2 if hist.noise is not None else np.array([])
-        own = own[np.isfinite(own)]
+        own = hist.own_var()
         noise = runtime.misfit_var(own) + (float(np.mean(own)) if len(own) else 0.0)
         gain = (phi_x @ (cov @ c)) ** 2 / (max(noise, 1e-12) + np.sum((phi_x @ cov) * phi_x, axis=1))
         return pool[int(np.argmax(gain))]
@@ -481,9 +480,8 @@ class FusionSampler(BaseSampler):
         # value gets the share of its residual that the misfit explains, against its own
         # measurement noise. Under pure noise (the misfit no larger than the runs' spread) this
         # is the posterior mean; under precise runs and a misfit, nearly the measurement.
-        own = np.asarray(hist.noise, dtype=float) ** 2 if hist.noise is not None else None
-        if own is not None and np.isfinite(own).any():
-            own = np.where(np.isfinite(own), own, np.nanmean(own))
+        own = hist.own_var()
+        if len(own):
             misfit = model.misfit_var(own)
             mean = mean + misfit / (misfit + own + 1e-300) * (hist.y - mean)
         return {n: float(m) for n, m in zip(hist.numbers, mean, strict=True)}
