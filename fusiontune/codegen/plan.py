@@ -5,7 +5,7 @@ single layout node is a layout kernel, a single MaxPool / AveragePool a window k
 (codegen/pool.py); anything else is a loop nest. UBFusion passes ask :func:`check_fusable` before
 they merge groups, so every group they form is one that a template can run as one kernel.
 
-A group's ``schedule`` carries codegen hints: ``row_block`` (contractions), ``conv_algo`` and
+A group's ``schedule`` carries codegen hints: ``row_block`` and ``matmul_algo`` (contractions), ``conv_algo`` and
 ``conv_rows`` (conv kernels), ``math="approx"`` (vectorizable exp / tanh / erf,
 codegen/numerics.py) and ``precision="float16"|"bfloat16"`` (low-precision emulation in loop
 nests); see :func:`kernel_source`.
@@ -116,7 +116,8 @@ def kernel_source(graph: Graph, node_names: Sequence[str], schedule: Mapping[str
     if "Conv" in ops:
         return generate_conv_kernel(low, inputs, outputs, KERNEL_NAME, schedule, approx)
     if "MatMul" in ops:
-        return generate_contraction_kernel(low, inputs, outputs, KERNEL_NAME, int(schedule.get("row_block", 0)), approx)
+        return generate_contraction_kernel(low, inputs, outputs, KERNEL_NAME, int(schedule.get("row_block", 0)), approx,
+                                           str(schedule.get("matmul_algo", "")))
     return generate_loop_kernel(low, inputs, outputs, KERNEL_NAME, approx, low_precision)
 
 
