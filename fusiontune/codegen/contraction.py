@@ -239,9 +239,10 @@ def generate_contraction_kernel(
                          (uk.nr, int(tb)))
         nmb = -(-N // uk.nr)
         args = [ArgSpec(packed.value, (nmb, K, uk.nr), dtype, "in") if x.value == b else x for x in args]
-        lines = [decorator(args, parallel=parallel_rows, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
+        parallel = MM * N * K >= PACKED_PARALLEL_MACS
+        lines = [decorator(args, parallel=parallel, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
         emit = lines.append
-        lines += _packed_lines(an[a], an[b], MM, N, K, uk, row_block, dtype, parallel_rows)
+        lines += _packed_lines(an[a], an[b], MM, N, K, uk, row_block, dtype, parallel)
         epilogue("                ", "0", "r", "blk[r - q0, c]")
         code = "\n".join(lines) + "\n"
         # imported by its full name, so that the kernel cache key covers microkernel.py
@@ -311,6 +312,13 @@ PACKED_PANEL_BYTES = 256 << 10
 (and at least one register block of rows): the panel is read once per column block of the
 weights, and stays in L2 meanwhile."""
 
+
+PACKED_PARALLEL_MACS = 1_500_000
+"""A packed product runs in parallel from this many multiply-adds. Two threads against one, on
+the 2-core VM (us): 34x256x64 7.6 / 6.6, 24x128x128 6.1 / 5.0, 64x256x64 12.6 / 11.6, but
+128x128x128 17.2 / 23.6 and 128x512x128 54 / 87: below about 1.5M a parallel region and the
+halved row blocks cost more than the second core gives (BLAS's threshold, 262k, was set for
+products twice as slow)."""
 
 PACKED_PANEL_ROWS = 256
 """At most this many rows per panel: a short reduction would otherwise make one panel of
