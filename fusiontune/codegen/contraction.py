@@ -246,7 +246,10 @@ def generate_contraction_kernel(
         epilogue("                ", "0", "r", "blk[r - q0, c]")
         code = "\n".join(lines) + "\n"
         # imported by its full name, so that the kernel cache key covers microkernel.py
-        source = kernel_header(code, ["from fusiontune.codegen.microkernel import dispatcher", f"uk = dispatcher({dtype!r})"]) + code
+        # One block registered by itself (10 ms) rather than the dispatcher of every block (170 ms
+        # in each process that builds the program): this kernel's block is a literal.
+        source = kernel_header(code, ["from fusiontune.codegen.microkernel import Shape, register",
+                                      f"uk = register(Shape({dtype!r}, {uk.mr}, {uk.nv}))"]) + code
         nbytes = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in args)
         flops = 2 * MM * N * K + MM * N * len(epi)
         return KernelSource(name, source, tuple(args), "contraction", nbytes, flops, (packed,))
@@ -382,7 +385,6 @@ def _packed_lines(ax: str, aw: str, m: int, n: int, k: int, uk: microkernel.Shap
         cols += 64 // item
     ntask = -(-m // chunk)
     prange = "numba.prange" if parallel else "range"
-    which = microkernel.block_index(uk)
     return [
         f"    for t in {prange}({ntask}):",
         f"        r0 = t * {chunk}",
@@ -398,7 +400,7 @@ def _packed_lines(ax: str, aw: str, m: int, n: int, k: int, uk: microkernel.Shap
         f"            nq = -(-(q1 - q0) // {mr}) * {mr}",
         f"            for jb in range({nmb}):",
         f"                for rb in range(0, nq, {mr}):",
-        f"                    uk({which}, {k}, xt.ctypes.data + rb * {item}, {cols}, taps.ctypes.data,"
+        f"                    uk({k}, xt.ctypes.data + rb * {item}, {cols}, taps.ctypes.data,"
         f" {aw}[jb].ctypes.data, {nr}, taps.ctypes.data, blk.ctypes.data + (rb * {ldc} + jb * {nr}) * {item},"
         f" {ldc}, 1, 0)",
         "            for r in range(q0, q1):",
