@@ -197,9 +197,10 @@ def generate_attention_kernel(
         e(f"                vz += {an[v]}[vbi, j0 + j, d] * {T}(0.0)")
         e(f"        kbound[bi, jb] = np.sqrt(kn) * {T}(1.001) + vz")
     # Tasks take runs of (batch, row block) units, two runs per thread, and allocate their
-    # scratch once per run: ViT's 8 heads of 17 rows spent 1 of 12 us allocating per unit.
+    # scratch once per run: ViT's 8 heads of 17 rows spent 1 of 12 us allocating per unit. A
+    # process with one numba thread compiles the kernel serial (common.decorator): one run.
     units = B * nqb
-    per = -(-units // (2 * threads)) if parallel else units
+    per = -(-units // (2 * threads)) if parallel and threads > 1 else units
     online = nkb > 1
     width = KB + 1 if online else KB  # online: column KB carries each row's m - m' (below)
     e(f"    for t in {'numba.prange' if parallel else 'range'}({-(-units // per)}):")
