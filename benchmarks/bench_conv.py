@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from fusiontune.codegen._window import window_of
 from fusiontune.codegen.conv import choose_conv_algo
 from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.ir.builder import GraphBuilder
@@ -188,17 +189,102 @@ def bench_fused(rounds: int, quick: bool) -> None:
         print(f"{label:32s} {cell['fused']:>14s} {cell['unfused']:>14s}  {kernels:7s}  {res['unfused'][0] / res['fused'][0]:.2f}x")
 
 
+# (label, op, (N, C, H, W), kernel, stride, pad, ceil_mode): the pools of the real exports
+POOLS: tuple[tuple[str, str, tuple[int, int, int, int], int, int, int, int], ...] = (
+    ("squeezenet max 3x3 s2 64 @31", "MaxPool", (2, 64, 31, 31), 3, 2, 0, 1),
+    ("squeezenet max 3x3 s2 128 @15", "MaxPool", (2, 128, 15, 15), 3, 2, 0, 1),
+    ("squeezenet max 3x3 s2 256 @7", "MaxPool", (2, 256, 7, 7), 3, 2, 0, 1),
+    ("resnet18 max 3x3 s2 p1 64 @32", "MaxPool", (2, 64, 32, 32), 3, 2, 1, 0),
+    ("resnet18 max 3x3 s2 p1 64 @112", "MaxPool", (1, 64, 112, 112), 3, 2, 1, 0),
+    ("vgg max 2x2 s2 64 @64", "MaxPool", (1, 64, 64, 64), 2, 2, 0, 0),
+    ("densenet avg 2x2 s2 128 @16", "AveragePool", (2, 128, 16, 16), 2, 2, 0, 0),
+    ("densenet avg 2x2 s2 128 @56", "AveragePool", (1, 128, 56, 56), 2, 2, 0, 0),
+)
+
+
+def pool_graph(op: str, shape: tuple[int, int, int, int], k: int, stride: int, pad: int, ceil: int) -> Graph:
+    g = GraphBuilder("pool", dtype="float32")
+    g.output(g.op(op, g.input("x", shape), kernel_shape=(k, k), strides=(stride, stride), pads=(pad,) * 4,
+                  ceil_mode=ceil))
+    return g.build()
+
+
+def ort_pool(op: str, shape: tuple[int, int, int, int], k: int, stride: int, pad: int, ceil: int, out: tuple[int, ...],
+             threads: int) -> Callable[[np.ndarray], object] | None:
+    """The same pool as a one-node onnxruntime session, or None where onnxruntime is not installed."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4,
+                            ceil_mode=ceil)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    from _ort import session_options
+
+    sess = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+    return lambda x: sess.run(None, {"x": x})
+
+
+def bench_pools(rounds: int) -> None:
+    """Per pool of the real exports: each MaxPool kernel (flat, row, phase; codegen/pool.py) or
+    the AveragePool's (row, phase), onnxruntime, and which one the rule picks; outputs checked
+    against onnxruntime's first."""
+    import numba
+
+    from fusiontune.codegen import pool
+
+    threads = numba.config.NUMBA_NUM_THREADS
+    rule, avg_phase = pool.max_pool_algo, pool.AVG_PHASE
+    print(f"\npools, {threads} thread(s); us: median of {rounds} interleaved rounds")
+    print(f"{'shape':34s}{'flat':>9s}{'row':>9s}{'phase':>9s}{'onnxruntime':>13s}  rule   onnxruntime / rule")
+    try:
+        for label, op, shape, k, s, p, ceil in POOLS:
+            graph = pool_graph(op, shape, k, s, p, ceil)
+            x = np.random.default_rng(1).standard_normal(shape).astype(F32)
+            out = graph.values[graph.outputs[0]].shape
+            fns: dict[str, Callable[[], object]] = {}
+            want = None
+            ort_fn = ort_pool(op, shape, k, s, p, ceil, out, threads)
+            if ort_fn is not None:
+                want = ort_fn(x)[0]
+                fns["onnxruntime"] = lambda f=ort_fn, x=x: f(x)
+            algos = pool.MAX_POOL_ALGOS if op == "MaxPool" else ("row", "phase")
+            for algo in algos:
+                pool.max_pool_algo = lambda win, a=algo: a
+                pool.AVG_PHASE = algo == "phase"
+                prog = build_program(FusedGraph.singletons(graph))
+                got = prog.run({"x": x})[graph.outputs[0]]
+                if want is not None:
+                    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"{label} {algo}")
+                fns[algo] = lambda p=prog: p.execute()
+            pool.max_pool_algo, pool.AVG_PHASE = rule, avg_phase
+            res = interleaved(fns, rounds)
+            win = window_of({**get_op(op).attrs, **graph.nodes[0].attrs}, shape, (k, k), out)
+            pick = rule(win) if op == "MaxPool" else ("phase" if avg_phase and pool.phase_applies(win) else "row")
+            cells = "".join(f"{res[a][0] * 1e3:9.1f}" if a in res else f"{'-':>9s}" for a in ("flat", "row", "phase"))
+            ort_us = f"{res['onnxruntime'][0] * 1e3:13.1f}" if "onnxruntime" in res else f"{'-':>13s}"
+            ratio = f"{res['onnxruntime'][0] / res[pick][0]:.2f}x" if "onnxruntime" in res else "-"
+            print(f"{label:34s}{cells}{ort_us}  {pick:6s} {ratio}", flush=True)
+    finally:
+        pool.max_pool_algo, pool.AVG_PHASE = rule, avg_phase
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="three shapes only")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--only", choices=("algos", "fused"), default=None)
+    ap.add_argument("--only", choices=("algos", "fused", "pools"), default=None)
     ap.add_argument("--batch", type=int, default=1, help="images per conv in the algorithm table")
     args = ap.parse_args()
-    if args.only != "fused":
+    if args.only in (None, "algos"):
         bench_algos(args.rounds, args.quick, args.batch)
-    if args.only != "algos":
+    if args.only in (None, "fused"):
         bench_fused(args.rounds, args.quick)
+    if args.only in (None, "pools"):
+        bench_pools(args.rounds)
 
 
 if __name__ == "__main__":

@@ -3,15 +3,19 @@
 The tasks of a ``prange`` take (image, channel) planes; an input is read only where the window
 lies inside it (the padding is never read).
 
-* MaxPool: separable. Over a narrow plane (:data:`POOL_FLAT_MAX_WIDTH`), the max over the
+* MaxPool: three kernels (:func:`max_pool_algo` picks). ``phase``: a strided window over phase
+  planes, every tap one flat unit-stride run over a batch of planes (:func:`_phase_lines`).
+  ``flat``: separable over a narrow plane (:data:`POOL_FLAT_MAX_WIDTH`), the max over the
   window's columns, then over its rows, each as one flat loop over the whole (padded) plane, and
-  each output read at its window's corner. Over a wide one, per output row, the max over the
-  window's input rows (contiguous loads, vectorized at any stride) into a row between -inf pads,
-  then per output the max over the window's columns of that row. ``fmaximum`` (codegen/numerics.py) is exact and order-free and
-  propagates NaN as ``np.max`` does; -inf (padding) never wins. Dilations are honoured. 8x32x64x64
-  3x3 s2: 1.78 ms -> 0.57 ms on one core (the row-per-task kernel allocated a row per task and
-  read the input with stride-2 gathers).
-* AveragePool: per output row, the taps summed in window order (kh, then kw); the sum of the
+  each output read at its window's corner. ``row``: over a wide plane, per output row, the max
+  over the window's input rows (contiguous loads, vectorized at any stride) into a row between
+  -inf pads, then per output the max over the window's columns of that row. The max of a window
+  is :func:`_max_of`'s compare-and-selects with one NaN test (NaN wherever a NaN is, as
+  ``np.max``); -inf (padding) never wins. Dilations are honoured. 8x32x64x64 3x3 s2: 1.78 ms ->
+  0.57 ms on one core (the row-per-task kernel allocated a row per task and read the input with
+  stride-2 gathers).
+* AveragePool: strided, over phase planes with zero pads (as MaxPool's ``phase``); else per
+  output row. Either way the taps summed in window order (kh, then kw); the sum of the
   real elements divided by the count, which is separable: the taps of a window row that fall inside ``[0, H)`` (``count_include_pad=0``) or inside the explicitly
   padded ``[-pad_begin, H + pad_end)`` (``count_include_pad=1``; a ceil_mode overhang never
   counts) times those of its column.
@@ -41,6 +45,61 @@ a wider one row by row (:func:`_max_row_lines`). Measured, 3x3 s2 (us, row by ro
 2 threads): 2x64 @31x31 69 / 36 and 37 / 19; 2x128 @7x7 24 / 11 and 24 / 11; but 8x32 @64x64
 pads 1 340 / 340 and 129 / 166, 64 @112x112 186 / 247 and 118 / 128: a wide row fills its
 vectors, and the flat pass computes every row's vertical max, not only the output rows'."""
+
+
+MAX_POOL_ALGOS = ("flat", "row", "phase")
+POOL_SCRATCH_ELEMENTS = 16384
+"""The phase kernel's scratch per task, in elements (64 KiB of float32): planes are batched up
+to it."""
+AVG_PHASE = True
+
+
+POOL_PHASE_MAX_TAPS = 49
+"""The phase kernel writes a window's taps as one expression: up to 7x7 of them."""
+
+
+def phase_applies(win: Window) -> bool:
+    """Whether the phase kernel (:func:`_phase_lines`) takes ``win``: a strided window of at most
+    :data:`POOL_PHASE_MAX_TAPS` taps."""
+    return (win.sh, win.sw) != (1, 1) and win.kh * win.kw <= POOL_PHASE_MAX_TAPS
+
+
+POOL_PHASE_MAX_PLANE = 64
+"""A strided MaxPool whose windows stay inside the input runs ``phase`` on planes of at most this
+many elements (below)."""
+
+
+def max_pool_algo(win: Window) -> str:
+    """The MaxPool kernel for ``win``: ``phase`` (:func:`_phase_lines`) for a strided window that
+    leaves the input (pads, or a ceil_mode overhang) or a strided one over a plane of at most
+    :data:`POOL_PHASE_MAX_PLANE` elements; else ``row`` (:func:`_max_row_lines`) over rows of at
+    least :data:`POOL_FLAT_MAX_WIDTH`, ``flat`` (:func:`_max_lines`) over narrower ones.
+    Measured (``benchmarks/bench_conv.py --only pools``, one thread, us; flat / row / phase):
+    3x3 s2 pad 1 2x64 @32 33.9 / 52.8 / 21.5 and 64 @112 222.9 / 149.4 / 99.1; without pads,
+    3x3 s2 ceil_mode 2x64 @31 26.3 / 43.2 / 27.3, 2x128 @15 14.9 / 36.9 / 20.1, 2x256 @7 18.3 /
+    24.6 / 13.1, 2x2 s2 64 @64 36.4 / 19.9 / 35.9: a copy into the phase planes costs more than
+    it saves where the windows can read the input in place, but on the smallest planes, whose
+    flat loops are shorter than a vector."""
+    inside = win.ph == win.pw == 0 and win.hp == win.h and win.wp == win.w
+    if phase_applies(win) and (not inside or win.h * win.w <= POOL_PHASE_MAX_PLANE):
+        return "phase"
+    return "row" if win.wp >= POOL_FLAT_MAX_WIDTH else "flat"
+
+
+def _max_of(terms: list[str], dt: str) -> str:
+    """The max of ``terms``, NaN if any is NaN: a tree of compare-and-selects (``max``) and one
+    NaN test over all of them, 2 vector instructions a term where the IEEE maximum of
+    codegen/numerics.py's ``fmaximum`` takes 6 (its NaN and signed-zero fix-ups, per pair; a 3x3
+    s2 pool of 2x64 @31 took 31.0 us with it, 22.9 with this). The value is the window's max
+    whatever the order (for -0 against +0 either zero, as numpy's own max)."""
+    if len(terms) == 1:
+        return terms[0]
+    level = list(terms)
+    while len(level) > 1:  # a balanced tree: nesting depth log2(taps), not one per tap
+        level = [f"max({level[i]}, {level[i + 1]})" if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+    expr = level[0]
+    ok = " & ".join(f"({t} == {t})" for t in terms)
+    return f"({expr} if {ok} else np.{dt}(np.nan))"
 
 
 def _counts(size: int, out: int, k: int, s: int, pad: int, d: int, lo: int, hi: int) -> list[int]:
@@ -87,9 +146,14 @@ def generate_pool_kernel(node: Node, values: dict[str, Value], name: str) -> Ker
         cw = _counts(win.w, win.ow, win.kw, win.sw, win.pw, win.dw, *bounds_w)
         lines.append(f"    cnt_h = np.array({ch!r}, dtype=np.{dt})")
         lines.append(f"    cnt_w = np.array({cw!r}, dtype=np.{dt})")
-    if is_max and win.wp >= POOL_FLAT_MAX_WIDTH:
+    algo = max_pool_algo(win) if is_max else ""
+    if algo == "phase":
+        lines += _phase_lines(win, dt, prange, task_threads(parallel))
+    elif not is_max and AVG_PHASE and phase_applies(win):
+        lines += _phase_lines(win, dt, prange, task_threads(parallel), average=True)
+    elif algo == "row":
         lines += _max_row_lines(win, dt, prange)
-    elif is_max:
+    elif algo == "flat":
         lines += _max_lines(win, dt, prange, task_threads(parallel))
     else:
         lines += _average_lines(win, dt, prange)
@@ -103,13 +167,11 @@ def generate_pool_kernel(node: Node, values: dict[str, Value], name: str) -> Ker
 def _max_row_lines(win: Window, dt: str, prange: str) -> list[str]:
     """MaxPool of wide planes (at least :data:`POOL_FLAT_MAX_WIDTH`), separably: per output row, ``vm`` = the max over the window's rows of the input
     rows (contiguous loads, vectorized at any stride), stored between -inf column pads; then each
-    output is the max of ``vm`` over the window's columns, read without bounds checks. ``fmaximum``
-    is exact, associative and commutative (NaN if any input is NaN, -0 < +0) and -inf never wins,
-    so this is the same value as the max over the window's elements inside the input."""
+    output is the max of ``vm`` over the window's columns, read without bounds checks. A max is
+    exact and order-free but for the sign of a zero (NaN if any input is NaN: :func:`_max_of`) and
+    -inf never wins, so this is the max over the window's elements inside the input."""
     width = win.wp
-    expr = f"vm[ow * {win.sw}]"
-    for kw in range(1, win.kw):
-        expr = f"fmaximum({expr}, vm[ow * {win.sw} + {kw * win.dw}])"
+    expr = _max_of([f"vm[ow * {win.sw} + {kw * win.dw}]" for kw in range(win.kw)], dt)
     return [
         f"    for t in {prange}({win.n * win.c}):",
         f"        c = t % {win.c}",
@@ -123,7 +185,7 @@ def _max_row_lines(win: Window, dt: str, prange: str) -> list[str]:
         f"                if ih < 0 or ih >= {win.h}:",
         "                    continue",
         "                for u in range(w_n):",
-        f"                    vm[u + {win.pw}] = fmaximum(vm[u + {win.pw}], a0[n, c, ih, u])",
+        f"                    vm[u + {win.pw}] = {_max_of([f'vm[u + {win.pw}]', 'a0[n, c, ih, u]'], dt)}",
         "            for ow in range(ow_n):",
         f"                a1[n, c, oh, ow] = {expr}",
     ]
@@ -137,19 +199,14 @@ def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
     one flat loop over the whole plane, vectorized however narrow the rows are; each output
     then reads ``vm`` at its window's corner. Row by row, the loops of a 31-wide plane ran 16
     lanes and 15 scalar remainders per row (SqueezeNet's 3x3 s2 pools: 17 us serial for 32
-    planes of 31x31). ``fmaximum`` is exact, associative and commutative (NaN if any input is
-    NaN, -0 < +0) and -inf never wins, so this is the max over the window's elements inside the
-    input."""
+    planes of 31x31). As in :func:`_max_row_lines`, this is the max over the window's elements
+    inside the input."""
     hp, wp = win.hp, win.wp
     inside = win.ph == win.pw == 0 and hp == win.h and wp == win.w
     nh = hp * wp - (win.kw - 1) * win.dw  # hm's flat length
     nv = ((win.oh - 1) * win.sh) * wp + (win.ow - 1) * win.sw + 1  # vm's: to the last output's corner
-    hexpr = "xp[numba.uint64(i)]"
-    for kw in range(1, win.kw):
-        hexpr = f"fmaximum({hexpr}, xp[numba.uint64(i + {kw * win.dw})])"
-    vexpr = "hm[numba.uint64(i)]"
-    for kh in range(1, win.kh):
-        vexpr = f"fmaximum({vexpr}, hm[numba.uint64(i + {kh * win.dh * wp})])"
+    hexpr = _max_of([f"xp[numba.uint64(i + {kw * win.dw})]" for kw in range(win.kw)], dt)
+    vexpr = _max_of([f"hm[numba.uint64(i + {kh * win.dh * wp})]" for kh in range(win.kh)], dt)
     # Planes are dealt to tasks in runs (two runs per thread), and a task allocates its scratch
     # once: 128 planes of 7x7, allocated per plane, took 9.6 us.
     units = win.n * win.c
@@ -189,6 +246,98 @@ def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
         f"                    a1[n, c, oh, ow] = vm[r + ow * {win.sw}]",
     ]
     return lines
+
+
+def _phase_lines(win: Window, dt: str, prange: str, threads: int, average: bool = False) -> list[str]:
+    """A strided pool over phase planes, as the conv's plane kernel (codegen/conv.py): each
+    (image, channel) plane is copied into ``sh x sw`` phase planes between -inf pads (0 for an
+    AveragePool, whose taps are summed in window order and divided by the count), phase
+    (a, b) holding padded rows ``a + sh * i`` and columns ``b + sw * u`` on a grid of width
+    ``wg = ow + max (kw * dw) // sw``. On that grid output position ``oh * wg + ow`` reads, for
+    tap (kh, kw), phase ``((kh * dh) % sh, (kw * dw) % sw)`` at offset ``(kh * dh) // sh * wg +
+    (kw * dw) // sw``: every tap is one flat unit-stride run, and the window's max is one flat
+    loop over the grid (its ``wg - ow`` extra columns computed and dropped), vectorized however
+    narrow the rows and whatever the stride. The flat separable loops (:func:`_max_lines`)
+    computed the max at every input position, ``sh * sw`` times the outputs, and read it back at
+    the stride one output at a time."""
+    rh = max((kh * win.dh) // win.sh for kh in range(win.kh))
+    rw = max((kw * win.dw) // win.sw for kw in range(win.kw))
+    wg, hq = win.ow + rw, win.oh + rh
+    size = hq * wg + rw  # the last row's run reads rw past the grid
+    taps = [(kh * win.dh, kw * win.dw) for kh in range(win.kh) for kw in range(win.kw)]
+    used = sorted({(dy % win.sh) * win.sw + dx % win.sw for dy, dx in taps})
+    slot = {p: i for i, p in enumerate(used)}
+    terms = [f"x{slot[(dy % win.sh) * win.sw + dx % win.sw]}[{_ix(f'q + {(dy // win.sh) * wg + dx // win.sw}')}]"
+             for dy, dx in taps]
+    # a sum in window order: the row kernel's order, its padded taps (zeros here) skipped there
+    expr = " + ".join(terms) if average else _max_of(terms, dt)
+    pad = "0.0" if average else "-np.inf"
+    units = win.n * win.c
+    per = -(-units // (2 * threads))
+    # A batch of planes lies one after another in the scratch, so that the window's loop runs
+    # over all of them at once: a 3x3 s2 pool of a 7x7 plane has a 3x4 grid, shorter than one
+    # vector. The positions between two planes' grids are computed and dropped; their reads stay
+    # inside the later plane.
+    batch = max(1, min(per, POOL_SCRATCH_ELEMENTS // (len(used) * size)))
+    lines = [
+        f"    span = (ow_n + {rw}) * {win.oh}",  # a grid's run, from a width LLVM cannot see (the module's rows)
+        f"    for t in {prange}({-(-units // per)}):",
+        # the pads are written once per task; each plane overwrites only the interior
+        f"        xq = np.full(({len(used)}, {batch * size}), np.{dt}({pad}))",
+        f"        og = np.empty({batch * size}, dtype=np.{dt})",
+        # the phase planes' views, once per task: a view made per row costs two reference-count
+        # updates (1.2 us a plane on a 31x31 input)
+        *(f"        x{i} = xq[{i}]" for i in range(len(used))),
+        f"        for v0 in range(t * {per}, min((t + 1) * {per}, {units}), {batch}):",
+        f"            v1 = min(v0 + {batch}, (t + 1) * {per}, {units})",
+        "            for v in range(v0, v1):",
+        f"                c = v % {win.c}",
+        f"                n = v // {win.c}",
+        f"                o = (v - v0) * {size}",
+        f"                for ih in range({win.h}):",
+        f"                    i = (ih + {win.ph}) // {win.sh}",
+        f"                    if i >= {hq}:",
+        "                        continue",
+        f"                    a = (ih + {win.ph}) % {win.sh}",
+        f"                    r = o + i * {wg}",
+    ]
+    # Input column j * sw + e lands in phase column (e + pw) % sw at grid column j + (e + pw) // sw:
+    # one loop over j stores the row's sw interleaved columns into their phase rows (a load group
+    # LLVM vectorizes; a copy per phase read the row at the stride, scalar). Its trip count keeps
+    # every store inside the grid row, and is read at run time (a constant one is unrolled first);
+    # the row's last columns follow one by one.
+    full = min(win.w // win.sw, wg - (win.sw - 1 + win.pw) // win.sw)
+    lead = [(e, (e + win.pw) % win.sw, (e + win.pw) // win.sw) for e in range(win.sw)]
+    for a in range(win.sh):
+        live = [(e, b, o) for e, b, o in lead if a * win.sw + b in slot]
+        if not live:
+            continue
+        lines.append(f"                    {'if' if a == 0 else 'elif'} a == {a}:")
+        lines.append(f"                        for j in range(w_n // {win.sw} - {win.w // win.sw - full}):")
+        lines += [f"                            x{slot[a * win.sw + b]}[{_ix(f'r + j + {o}')}] = a0[n, c, ih, {_ix(f'j * {win.sw} + {e}')}]"
+                  for e, b, o in live]
+        for col in range(full * win.sw, win.w):
+            b, u = (col + win.pw) % win.sw, (col + win.pw) // win.sw
+            if a * win.sw + b in slot and u < wg:
+                lines.append(f"                        x{slot[a * win.sw + b]}[r + {u}] = a0[n, c, ih, {col}]")
+    lines += [
+        f"            for q in range((v1 - v0 - 1) * {size} + span):",
+        f"                og[{_ix('q')}] = {expr}",
+        "            for v in range(v0, v1):",
+        f"                c = v % {win.c}",
+        f"                n = v // {win.c}",
+        f"                o = (v - v0) * {size}",
+        f"                for oh in range({win.oh}):",
+        f"                    r = o + oh * {wg}",
+        "                    for ow in range(ow_n):",
+        "                        a1[n, c, oh, ow] = " + ("og[r + ow] / (cnt_h[oh] * cnt_w[ow])" if average else "og[r + ow]"),
+    ]
+    return lines
+
+
+def _ix(expr: str) -> str:
+    """An index LLVM may take as unsigned (nothing here is negative): vectorizable loads."""
+    return f"numba.uint64({expr})"
 
 
 def _average_lines(win: Window, dt: str, prange: str) -> list[str]:

@@ -1265,6 +1265,55 @@ def test_reduction_kernel_propagates_nan(name: str) -> None:
     np.testing.assert_allclose(got, want, equal_nan=True)
 
 
+@pytest.mark.parametrize(
+    ("x", "attrs"),
+    [
+        # the flat kernel reading the input in place, then over a -inf padded plane
+        ((2, 3, 9, 9), {"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}),
+        ((1, 3, 9, 9), {"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}),
+        # rows wider than pool.POOL_FLAT_MAX_WIDTH
+        ((1, 2, 5, 60), {"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}),
+        # strided with pads, dilations, or over planes of at most 64 elements: the phase planes
+        ((1, 3, 12, 12), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}),
+        ((2, 5, 7, 7), {"kernel_shape": (3, 3), "strides": (2, 2)}),
+        ((1, 2, 11, 13), {"kernel_shape": (2, 3), "strides": (3, 2), "dilations": (2, 1), "pads": (1, 0, 1, 1), "ceil_mode": 1}),
+    ],
+)
+def test_max_pool_kernel_propagates_nan_and_keeps_infinities(x: tuple[int, ...], attrs: dict[str, object]) -> None:
+    """A window holding a NaN gives NaN wherever it sits in the window; +-inf are ordinary values."""
+    g = GraphBuilder("nan_maxpool")
+    g.output(g.op("MaxPool", g.input("x", x), **attrs))
+    graph = g.build()
+    v = np.random.default_rng(3).standard_normal(x).astype(np.float32)
+    flat = v.reshape(-1)
+    flat[::7] = np.nan
+    flat[3::11] = np.inf
+    flat[5::13] = -np.inf
+    got = run_as_one_kernel(graph, {"x": v})[graph.outputs[0]]
+    want = run_graph(graph, {"x": v}, dtype=None)[graph.outputs[0]]
+    assert np.isnan(want).any() and not np.isnan(want).all()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_max_pool_rule_picks_each_kernel() -> None:
+    """The NaN test's geometries above reach every MaxPool kernel (pool.max_pool_algo)."""
+    from fusiontune.codegen._window import window_of
+    from fusiontune.codegen.pool import max_pool_algo
+
+    def algo(x: tuple[int, ...], **attrs: object) -> str:
+        g = GraphBuilder("rule")
+        g.output(g.op("MaxPool", g.input("x", x), **attrs))
+        graph = g.build()
+        node = graph.nodes[0]
+        return max_pool_algo(window_of({**CATALOGUE["MaxPool"].attrs, **node.attrs}, x, node.attrs["kernel_shape"],
+                                       graph.values[node.outputs[0]].shape))
+
+    assert algo((2, 3, 9, 9), kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1) == "flat"
+    assert algo((1, 2, 5, 60), kernel_shape=(3, 3), pads=(1, 1, 1, 1)) == "row"
+    assert algo((1, 3, 12, 12), kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)) == "phase"
+    assert algo((2, 5, 7, 7), kernel_shape=(3, 3), strides=(2, 2)) == "phase"
+
+
 def test_float16_tensors_are_refused_cleanly() -> None:
     """numba has no float16 arithmetic: codegen says so (NotFusable), it does not crash in numba."""
     from fusiontune.codegen import NotFusable
