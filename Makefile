@@ -32,9 +32,15 @@ bisect: $(STAMP)
 run: $(STAMP)
 	$(BIN)/fusiontune run $(WORKLOAD) --vs-all-off
 
-## Every test tier but bench and zoo (fast, slow, ray): what CI runs.
+## Every test tier but bench and zoo (fast, slow, ray, db): what CI runs. In two runs: first the
+## tests that only compute (numerics against the interpreter, the ONNX walks; most of their time is
+## numba compiling kernels) on two pytest workers, a test file to a worker, sharing the kernel
+## cache; then, one test at a time, the rest, which time programs, start Ray clusters, PostgreSQL
+## servers and competing processes, and must have the machine to themselves.
+COMPUTE_TESTS := tests/onnx tests/codegen tests/ir tests/passes tests/workloads tests/config tests/test_properties.py
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not bench and not zoo" --durations=20
+	$(BIN)/python -m pytest -m "not bench and not zoo" -n 2 --dist loadfile --durations=10 $(COMPUTE_TESTS)
+	$(BIN)/python -m pytest -m "not bench and not zoo" --durations=20 $(addprefix --ignore=,$(COMPUTE_TESTS))
 
 ## The heaviest ONNX zoo models of the backend walk (minutes each from a cold kernel cache).
 test-zoo: $(STAMP)
