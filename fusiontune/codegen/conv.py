@@ -984,18 +984,14 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
         f"            g = v % {group}",
         f"            n = v // {group}",
         f"            for c in range({cg}):",
+        f"                ci = g * {cg} + c",
         f"                for ih in range({win.h}):",
         f"                    i = (ih + {win.ph}) // {win.sh}",
         f"                    if i >= {hq}:",
         "                        continue",
-        f"                    xi = {ax}[n, g * {cg} + c, ih]",
-        f"                    for b in range({win.sw}):",
-        f"                        xr = xp[c * {nph} + ((ih + {win.ph}) % {win.sh}) * {win.sw} + b]",
-        f"                        u0 = max(0, ({win.pw} - b + {win.sw - 1}) // {win.sw})",
-        f"                        u1 = min({wg}, ({win.w - 1 + win.pw} - b) // {win.sw} + 1)",
-        "                        r = i * " + str(wg),
-        "                        for u in range(u0, u1):",
-        f"                            xr[numba.uint64(r + u)] = xi[numba.uint64(u * {win.sw} + b - {win.pw})]",
+        f"                    k = c * {nph} + ((ih + {win.ph}) % {win.sh}) * {win.sw}",
+        "                    r = i * " + str(wg),
+        *_plane_row_copy(win, wg, ax),
         f"            for j in range({mg}):",
         f"                m = g * {mg} + j",
         *([] if cg == 1 else ["                acc_g[:] = 0.0"]),
@@ -1010,6 +1006,33 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
         *([] if tail is None else _tail_loop(tail, f"t * {per * mg * win.oh * win.ow}",
                                              f"min((t + 1) * {per}, {units}) * {mg * win.oh * win.ow}")),
     ]
+
+
+PLANE_COPY_UNROLL = 16
+
+
+def _plane_row_copy(win: Window, wg: int, ax: str) -> list[str]:
+    """The copy of input row ``ih`` of channel ``ci`` into its ``sw`` phase rows ``k .. k + sw - 1``
+    of ``xp`` from grid column ``r``: input column ``j * sw + e`` goes to phase ``(e + pw) % sw``
+    at grid column ``j + (e + pw) // sw``, one loop over ``j`` storing the row's ``sw``
+    interleaved columns (a load group LLVM vectorizes; copied phase by phase, each read the row
+    at the stride, one element at a time), its trip count from the run-time width (a constant
+    one is unrolled first) and short enough to stay inside the grid row; the row's last columns
+    follow one by one. ``xp`` and the input are indexed in full: a view per row costs two
+    reference-count updates."""
+    full = min(win.w // win.sw, wg - (win.sw - 1 + win.pw) // win.sw)
+    # under one vector of columns, a literal count: LLVM unrolls the loop whole (a run-time count
+    # of 7 left a loop with its alias checks: dw5x5 1152 @7 75 -> 128 us)
+    count = str(full) if full < PLANE_COPY_UNROLL else f"{ax}.shape[3] // {win.sw} - {win.w // win.sw - full}"
+    lines = [f"                    for j in range({count}):"]
+    for e in range(win.sw):
+        b, o = (e + win.pw) % win.sw, (e + win.pw) // win.sw
+        lines.append(f"                        xp[k + {b}, {_ix(f'r + j + {o}')}] = {ax}[n, ci, ih, {_ix(f'j * {win.sw} + {e}')}]")
+    for col in range(full * win.sw, win.w):
+        b, u = (col + win.pw) % win.sw, (col + win.pw) // win.sw
+        if u < wg:
+            lines.append(f"                    xp[k + {b}, r + {u}] = {ax}[n, ci, ih, {col}]")
+    return lines
 
 
 CHAN_LANES = 16

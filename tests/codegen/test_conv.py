@@ -80,6 +80,22 @@ def test_conv_algorithm_matches_reference(case: str, algo: str) -> None:
     _check(_graph(build), {"conv_algo": algo})
 
 
+@pytest.mark.parametrize(
+    ("xs", "ws", "attrs"),
+    [
+        ((1, 4, 6, 37), (4, 1, 3, 3), {"group": 4, "strides": (2, 2), "pads": (1, 1, 1, 1)}),
+        ((1, 3, 4, 40), (3, 1, 3, 3), {"group": 3, "pads": (1, 1, 1, 1)}),
+        # the last input column lies past every window: it is not copied into the grid
+        ((2, 2, 5, 35), (2, 1, 2, 2), {"group": 2, "strides": (2, 2)}),
+    ],
+)
+def test_plane_kernel_copies_rows_of_a_vector_and_more(xs: tuple[int, ...], ws: tuple[int, ...],
+                                                       attrs: dict[str, object]) -> None:
+    """Rows of 16 or more grid columns a phase: the plane kernel's row copy loops over a count
+    read at run time (a shorter row's is a literal; the grid above covers those)."""
+    _check(_graph(lambda g: g.op("Conv", g.input("x", xs), _const(g, ws, 1), **attrs)), {"conv_algo": "plane"})
+
+
 def test_im2col_row_blocks_of_one_row_match_reference() -> None:
     """``conv_rows`` (ConvOutputSplitFusionPass) cuts the output into more, smaller blocks."""
     graph = _graph(lambda g: g.relu(g.op("Conv", g.input("x", (1, 3, 7, 6)), _const(g, (4, 3, 3, 3), 1), pads=(1, 1, 1, 1))))
