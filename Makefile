@@ -34,12 +34,13 @@ run: $(STAMP)
 
 ## Every test tier but bench and zoo (fast, slow, ray, db): what CI runs. In two runs: first the
 ## tests that only compute (numerics against the interpreter, the ONNX walks; most of their time is
-## numba compiling kernels) on two pytest workers, a test file to a worker, sharing the kernel
-## cache; then, one test at a time, the rest, which time programs, start Ray clusters, PostgreSQL
-## servers and competing processes, and must have the machine to themselves.
+## numba compiling kernels) on two pytest workers sharing the kernel cache (a test file to a
+## worker, an idle one taking the other's pending tests); then, one test at a time, the rest, which
+## time programs, start Ray clusters, PostgreSQL servers and competing processes, and must have
+## the machine to themselves.
 COMPUTE_TESTS := tests/onnx tests/codegen tests/ir tests/passes tests/workloads tests/config tests/test_properties.py
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not bench and not zoo" -n 2 --dist loadfile --durations=10 $(COMPUTE_TESTS)
+	$(BIN)/python -m pytest -m "not bench and not zoo" -n 2 --dist worksteal --durations=10 $(COMPUTE_TESTS)
 	$(BIN)/python -m pytest -m "not bench and not zoo" --durations=20 $(addprefix --ignore=,$(COMPUTE_TESTS))
 
 ## The heaviest ONNX zoo models of the backend walk (minutes each from a cold kernel cache).
