@@ -198,6 +198,7 @@ POOLS: tuple[tuple[str, str, tuple[int, int, int, int], int, int, int, int], ...
     ("resnet18 max 3x3 s2 p1 64 @112", "MaxPool", (1, 64, 112, 112), 3, 2, 1, 0),
     ("vgg max 2x2 s2 64 @64", "MaxPool", (1, 64, 64, 64), 2, 2, 0, 0),
     ("densenet avg 2x2 s2 128 @16", "AveragePool", (2, 128, 16, 16), 2, 2, 0, 0),
+    ("densenet avg 2x2 s2 128 @32", "AveragePool", (2, 128, 32, 32), 2, 2, 0, 0),
     ("densenet avg 2x2 s2 128 @56", "AveragePool", (1, 128, 56, 56), 2, 2, 0, 0),
 )
 
@@ -229,15 +230,14 @@ def ort_pool(op: str, shape: tuple[int, int, int, int], k: int, stride: int, pad
 
 
 def bench_pools(rounds: int) -> None:
-    """Per pool of the real exports: each MaxPool kernel (flat, row, phase; codegen/pool.py) or
-    the AveragePool's (row, phase), onnxruntime, and which one the rule picks; outputs checked
-    against onnxruntime's first."""
+    """Per pool of the real exports: each kernel (flat, row, phase; codegen/pool.py),
+    onnxruntime, and which one the rule picks; outputs checked against onnxruntime's first."""
     import numba
 
     from fusiontune.codegen import pool
 
     threads = numba.config.NUMBA_NUM_THREADS
-    rule, avg_phase = pool.max_pool_algo, pool.AVG_PHASE
+    rule, avg_rule = pool.max_pool_algo, pool.average_pool_algo
     print(f"\npools, {threads} thread(s); us: median of {rounds} interleaved rounds")
     print(f"{'shape':34s}{'flat':>9s}{'row':>9s}{'phase':>9s}{'onnxruntime':>13s}  rule   onnxruntime / rule")
     try:
@@ -251,25 +251,24 @@ def bench_pools(rounds: int) -> None:
             if ort_fn is not None:
                 want = ort_fn(x)[0]
                 fns["onnxruntime"] = lambda f=ort_fn, x=x: f(x)
-            algos = pool.MAX_POOL_ALGOS if op == "MaxPool" else ("row", "phase")
+            algos = pool.MAX_POOL_ALGOS if op == "MaxPool" else ("flat", "row", "phase")
             for algo in algos:
-                pool.max_pool_algo = lambda win, a=algo: a
-                pool.AVG_PHASE = algo == "phase"
+                pool.max_pool_algo = pool.average_pool_algo = lambda win, a=algo: a
                 prog = build_program(FusedGraph.singletons(graph))
                 got = prog.run({"x": x})[graph.outputs[0]]
                 if want is not None:
                     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"{label} {algo}")
                 fns[algo] = lambda p=prog: p.execute()
-            pool.max_pool_algo, pool.AVG_PHASE = rule, avg_phase
+            pool.max_pool_algo, pool.average_pool_algo = rule, avg_rule
             res = interleaved(fns, rounds)
             win = window_of({**get_op(op).attrs, **graph.nodes[0].attrs}, shape, (k, k), out)
-            pick = rule(win) if op == "MaxPool" else ("phase" if avg_phase and pool.phase_applies(win) else "row")
+            pick = (rule if op == "MaxPool" else avg_rule)(win)
             cells = "".join(f"{res[a][0] * 1e3:9.1f}" if a in res else f"{'-':>9s}" for a in ("flat", "row", "phase"))
             ort_us = f"{res['onnxruntime'][0] * 1e3:13.1f}" if "onnxruntime" in res else f"{'-':>13s}"
             ratio = f"{res['onnxruntime'][0] / res[pick][0]:.2f}x" if "onnxruntime" in res else "-"
             print(f"{label:34s}{cells}{ort_us}  {pick:6s} {ratio}", flush=True)
     finally:
-        pool.max_pool_algo, pool.AVG_PHASE = rule, avg_phase
+        pool.max_pool_algo, pool.average_pool_algo = rule, avg_rule
 
 
 def main() -> None:

@@ -6,16 +6,18 @@ lies inside it (the padding is never read).
 * MaxPool: three kernels (:func:`max_pool_algo` picks). ``phase``: a strided window over phase
   planes, every tap one flat unit-stride run over a batch of planes (:func:`_phase_lines`).
   ``flat``: separable over a narrow plane (:data:`POOL_FLAT_MAX_WIDTH`), the max over the
-  window's columns, then over its rows, each as one flat loop over the whole (padded) plane, and
-  each output read at its window's corner. ``row``: over a wide plane, per output row, the max
+  window's columns, then over its rows, each as one flat loop over the whole (padded) plane (over
+  all of a task's planes at once when the windows stay inside the input), and each output read at
+  its window's corner. ``row``: over a wide plane, per output row, the max
   over the window's input rows (contiguous loads, vectorized at any stride) into a row between
   -inf pads, then per output the max over the window's columns of that row. The max of a window
   is :func:`_max_of`'s compare-and-selects with one NaN test (NaN wherever a NaN is, as
   ``np.max``); -inf (padding) never wins. Dilations are honoured. 8x32x64x64 3x3 s2: 1.78 ms ->
   0.57 ms on one core (the row-per-task kernel allocated a row per task and read the input with
   stride-2 gathers).
-* AveragePool: strided, over phase planes with zero pads (as MaxPool's ``phase``); else per
-  output row. Either way the taps summed in window order (kh, then kw); the sum of the
+* AveragePool (:func:`average_pool_algo` picks): strided, over a task's planes in place or over
+  phase planes with zero pads (as MaxPool's ``flat`` and ``phase``); else per output row. Every
+  way the taps summed in window order (kh, then kw); the sum of the
   real elements divided by the count, which is separable: the taps of a window row that fall inside ``[0, H)`` (``count_include_pad=0``) or inside the explicitly
   padded ``[-pad_begin, H + pad_end)`` (``count_include_pad=1``; a ceil_mode overhang never
   counts) times those of its column.
@@ -51,7 +53,6 @@ MAX_POOL_ALGOS = ("flat", "row", "phase")
 POOL_SCRATCH_ELEMENTS = 16384
 """The phase kernel's scratch per task, in elements (64 KiB of float32): planes are batched up
 to it."""
-AVG_PHASE = True
 
 
 POOL_PHASE_MAX_TAPS = 49
@@ -64,24 +65,16 @@ def phase_applies(win: Window) -> bool:
     return (win.sh, win.sw) != (1, 1) and win.kh * win.kw <= POOL_PHASE_MAX_TAPS
 
 
-POOL_PHASE_MAX_PLANE = 64
-"""A strided MaxPool whose windows stay inside the input runs ``phase`` on planes of at most this
-many elements (below)."""
-
-
 def max_pool_algo(win: Window) -> str:
     """The MaxPool kernel for ``win``: ``phase`` (:func:`_phase_lines`) for a strided window that
-    leaves the input (pads, or a ceil_mode overhang) or a strided one over a plane of at most
-    :data:`POOL_PHASE_MAX_PLANE` elements; else ``row`` (:func:`_max_row_lines`) over rows of at
-    least :data:`POOL_FLAT_MAX_WIDTH`, ``flat`` (:func:`_max_lines`) over narrower ones.
-    Measured (``benchmarks/bench_conv.py --only pools``, one thread, us; flat / row / phase):
-    3x3 s2 pad 1 2x64 @32 33.9 / 52.8 / 21.5 and 64 @112 222.9 / 149.4 / 99.1; without pads,
-    3x3 s2 ceil_mode 2x64 @31 26.3 / 43.2 / 27.3, 2x128 @15 14.9 / 36.9 / 20.1, 2x256 @7 18.3 /
-    24.6 / 13.1, 2x2 s2 64 @64 36.4 / 19.9 / 35.9: a copy into the phase planes costs more than
-    it saves where the windows can read the input in place, but on the smallest planes, whose
-    flat loops are shorter than a vector."""
-    inside = win.ph == win.pw == 0 and win.hp == win.h and win.wp == win.w
-    if phase_applies(win) and (not inside or win.h * win.w <= POOL_PHASE_MAX_PLANE):
+    leaves the input (pads, or a ceil_mode overhang); else ``row`` (:func:`_max_row_lines`) over
+    rows of at least :data:`POOL_FLAT_MAX_WIDTH`, ``flat`` (:func:`_max_lines`) over narrower
+    ones. Measured (``benchmarks/bench_conv.py --only pools``, one thread, us; flat / row /
+    phase): 3x3 s2 pad 1 2x64 @32 31.8 / 53.6 / 23.0 and 64 @112 216.3 / 145.8 / 104.5; without
+    pads, 3x3 s2 ceil_mode 2x64 @31 28.9 / 44.6 / 28.6, 2x128 @15 12.7 / 36.0 / 20.6, 2x256 @7
+    5.2 / 25.1 / 13.8, 2x2 s2 64 @64 48.6 / 17.7 / 38.8: where the windows can read the input in
+    place, a copy into phase planes costs more than it saves."""
+    if phase_applies(win) and not _inside(win):
         return "phase"
     return "row" if win.wp >= POOL_FLAT_MAX_WIDTH else "flat"
 
@@ -146,15 +139,16 @@ def generate_pool_kernel(node: Node, values: dict[str, Value], name: str) -> Ker
         cw = _counts(win.w, win.ow, win.kw, win.sw, win.pw, win.dw, *bounds_w)
         lines.append(f"    cnt_h = np.array({ch!r}, dtype=np.{dt})")
         lines.append(f"    cnt_w = np.array({cw!r}, dtype=np.{dt})")
-    algo = max_pool_algo(win) if is_max else ""
+    threads = task_threads(parallel)
+    algo = max_pool_algo(win) if is_max else average_pool_algo(win)
     if algo == "phase":
-        lines += _phase_lines(win, dt, prange, task_threads(parallel))
-    elif not is_max and AVG_PHASE and phase_applies(win):
-        lines += _phase_lines(win, dt, prange, task_threads(parallel), average=True)
-    elif algo == "row":
+        lines += _phase_lines(win, dt, prange, threads, average=not is_max)
+    elif is_max and algo == "row":
         lines += _max_row_lines(win, dt, prange)
-    elif algo == "flat":
-        lines += _max_lines(win, dt, prange, task_threads(parallel))
+    elif is_max:
+        lines += _max_lines(win, dt, prange, threads)
+    elif algo == "flat" and _inside(win):
+        lines += _average_run_lines(win, dt, prange, -(-win.n * win.c // (2 * threads)))
     else:
         lines += _average_lines(win, dt, prange)
     code = "\n".join(lines) + "\n"
@@ -211,6 +205,8 @@ def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
     # once: 128 planes of 7x7, allocated per plane, took 9.6 us.
     units = win.n * win.c
     per = -(-units // (2 * threads))
+    if inside:
+        return _max_run_lines(win, dt, prange, per)
     lines = [
         f"    for t in {prange}({-(-units // per)}):",
         f"        hm = np.empty({nh}, dtype=np.{dt})",
@@ -246,6 +242,91 @@ def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
         f"                    a1[n, c, oh, ow] = vm[r + ow * {win.sw}]",
     ]
     return lines
+
+
+def _max_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
+    """:func:`_max_lines` where the windows never leave the input: a task's planes follow one
+    another in the input, so its ``hm`` and ``vm`` are each one flat loop over all of them (the
+    positions whose window crosses into the next plane are computed and never read: every
+    output's window lies inside its own plane). Per plane, the loops of a 7x7 plane were shorter
+    than one vector."""
+    hw, w = win.h * win.w, win.w
+    reach_h = (win.kw - 1) * win.dw  # hm's last position's reach past it
+    reach_v = (win.kh - 1) * win.dh * w
+    hexpr = _max_of([f"xf[{_ix(f'b + i + {kw * win.dw}')}]" for kw in range(win.kw)], dt)
+    vexpr = _max_of([f"hm[{_ix(f'i + {kh * win.dh * w}')}]" for kh in range(win.kh)], dt)
+    units = win.n * win.c
+    return [
+        f"    xf = a0.reshape({units * hw})",
+        f"    for t in {prange}({-(-units // per)}):",
+        f"        hm = np.empty({per * hw}, dtype=np.{dt})",
+        f"        vm = np.empty({per * hw}, dtype=np.{dt})",
+        f"        v0 = t * {per}",
+        f"        v1 = min(v0 + {per}, {units})",
+        f"        b = v0 * {hw}",
+        f"        run = (v1 - v0) * {hw}",
+        f"        for i in range(run - {reach_h}):",
+        f"            hm[{_ix('i')}] = {hexpr}",
+        f"        for i in range(run - {reach_h + reach_v}):",
+        f"            vm[{_ix('i')}] = {vexpr}",
+        "        for v in range(v0, v1):",
+        f"            c = v % {win.c}",
+        f"            n = v // {win.c}",
+        f"            o = (v - v0) * {hw}",
+        f"            for oh in range({win.oh}):",
+        f"                r = o + oh * {win.sh * w}",
+        "                for ow in range(ow_n):",
+        f"                    a1[n, c, oh, ow] = vm[r + ow * {win.sw}]",
+    ]
+
+
+POOL_RUN_MAX_PLANE = 1024
+"""An AveragePool inside the input runs ``flat`` over planes of at most this many elements."""
+
+
+def average_pool_algo(win: Window) -> str:
+    """The AveragePool kernel for ``win``: ``flat`` (:func:`_average_run_lines`) for a strided
+    window inside the input, ``phase`` (:func:`_phase_lines`) for one that leaves it, ``row``
+    (:func:`_average_lines`) otherwise. Measured (``benchmarks/bench_conv.py --only pools``, one
+    thread, us; flat / row / phase): 2x2 s2 2x128 @16 12.9 / 26.2 / 22.7, 2x128 @32 52.4 / 63.8 /
+    66.7, 128 @56 63.3 / 108.2 / 55.1 (the row kernel reads its input at the stride)."""
+    if not phase_applies(win):
+        return "row"
+    return "flat" if _inside(win) and win.h * win.w <= POOL_RUN_MAX_PLANE else "phase"
+
+
+def _inside(win: Window) -> bool:
+    """Whether every window lies inside the input (no pads, no ceil_mode overhang)."""
+    return win.ph == win.pw == 0 and win.hp == win.h and win.wp == win.w
+
+
+def _average_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
+    """An AveragePool whose windows never leave the input, as :func:`_max_run_lines`: the taps
+    summed in window order at every position of a task's planes in one flat loop, each output
+    then read at its window's corner and divided by the count."""
+    hw, w = win.h * win.w, win.w
+    reach = (win.kh - 1) * win.dh * w + (win.kw - 1) * win.dw
+    expr = " + ".join(f"xf[{_ix(f'b + i + {kh * win.dh * w + kw * win.dw}')}]"
+                      for kh in range(win.kh) for kw in range(win.kw))
+    units = win.n * win.c
+    return [
+        f"    xf = a0.reshape({units * hw})",
+        f"    for t in {prange}({-(-units // per)}):",
+        f"        sm = np.empty({per * hw}, dtype=np.{dt})",
+        f"        v0 = t * {per}",
+        f"        v1 = min(v0 + {per}, {units})",
+        f"        b = v0 * {hw}",
+        f"        for i in range((v1 - v0) * {hw} - {reach}):",
+        f"            sm[{_ix('i')}] = {expr}",
+        "        for v in range(v0, v1):",
+        f"            c = v % {win.c}",
+        f"            n = v // {win.c}",
+        f"            o = (v - v0) * {hw}",
+        f"            for oh in range({win.oh}):",
+        f"                r = o + oh * {win.sh * w}",
+        "                for ow in range(ow_n):",
+        f"                    a1[n, c, oh, ow] = sm[r + ow * {win.sw}] / (cnt_h[oh] * cnt_w[ow])",
+    ]
 
 
 def _phase_lines(win: Window, dt: str, prange: str, threads: int, average: bool = False) -> list[str]:

@@ -1268,14 +1268,15 @@ def test_reduction_kernel_propagates_nan(name: str) -> None:
 @pytest.mark.parametrize(
     ("x", "attrs"),
     [
-        # the flat kernel reading the input in place, then over a -inf padded plane
+        # the flat kernel reading the input in place (over a task's planes at once), then over a
+        # -inf padded plane
         ((2, 3, 9, 9), {"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}),
+        ((2, 5, 7, 7), {"kernel_shape": (3, 3), "strides": (2, 2), "dilations": (1, 2)}),
         ((1, 3, 9, 9), {"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}),
         # rows wider than pool.POOL_FLAT_MAX_WIDTH
         ((1, 2, 5, 60), {"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}),
-        # strided with pads, dilations, or over planes of at most 64 elements: the phase planes
+        # strided with pads, dilations: the phase planes
         ((1, 3, 12, 12), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}),
-        ((2, 5, 7, 7), {"kernel_shape": (3, 3), "strides": (2, 2)}),
         ((1, 2, 11, 13), {"kernel_shape": (2, 3), "strides": (3, 2), "dilations": (2, 1), "pads": (1, 0, 1, 1), "ceil_mode": 1}),
     ],
 )
@@ -1311,7 +1312,7 @@ def test_max_pool_rule_picks_each_kernel() -> None:
     assert algo((2, 3, 9, 9), kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1) == "flat"
     assert algo((1, 2, 5, 60), kernel_shape=(3, 3), pads=(1, 1, 1, 1)) == "row"
     assert algo((1, 3, 12, 12), kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)) == "phase"
-    assert algo((2, 5, 7, 7), kernel_shape=(3, 3), strides=(2, 2)) == "phase"
+    assert algo((1, 2, 11, 13), kernel_shape=(2, 3), strides=(3, 2), dilations=(2, 1), pads=(1, 0, 1, 1), ceil_mode=1) == "phase"
 
 
 def test_float16_tensors_are_refused_cleanly() -> None:
