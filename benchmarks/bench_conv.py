@@ -11,11 +11,13 @@ Prints, for people:
    wins, and which one :func:`fusiontune.codegen.conv.choose_conv_algo` picks.
 2. Conv + BatchNorm + Relu blocks: the program with the registry defaults (BN folded into the
    conv, Relu as the conv kernel's epilogue: one kernel) against everything off (three kernels).
+3. The MaxPool and AveragePool shapes of the real exports (``POOLS``): each pool kernel of
+   codegen/pool.py (flat, row, phase), onnxruntime, and the kernel the rule picks.
 
 This is a benchmark, not a test: nothing is gated on time. Run it on a quiet machine
 (``cat /proc/loadavg`` below ~0.5).
 
-    .venv/bin/python benchmarks/bench_conv.py [--quick] [--rounds N] [--batch N] [--only algos|fused]
+    .venv/bin/python benchmarks/bench_conv.py [--quick] [--rounds N] [--batch N] [--only algos|fused|pools]
 """
 
 from __future__ import annotations

@@ -187,8 +187,8 @@ def _max_row_lines(win: Window, dt: str, prange: str) -> list[str]:
 
 def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
     """MaxPool of narrow planes, separably, over each (image, channel) plane as flat runs: the plane is copied
-    into a ``wp``-wide scratch plane between -inf pads (unless the windows never leave the input:
-    then the input plane itself is read); ``hm[i]`` = the max over the window's columns of
+    into a ``wp``-wide scratch plane between -inf pads (where the windows never leave the input,
+    :func:`_max_run_lines` reads the input in place instead); ``hm[i]`` = the max over the window's columns of
     ``xp[i + kw * dw]`` and ``vm[i]`` = the max over its rows of ``hm[i + kh * dh * wp]``, each
     one flat loop over the whole plane, vectorized however narrow the rows are; each output
     then reads ``vm`` at its window's corner. Row by row, the loops of a 31-wide plane ran 16
@@ -196,7 +196,6 @@ def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
     planes of 31x31). As in :func:`_max_row_lines`, this is the max over the window's elements
     inside the input."""
     hp, wp = win.hp, win.wp
-    inside = win.ph == win.pw == 0 and hp == win.h and wp == win.w
     nh = hp * wp - (win.kw - 1) * win.dw  # hm's flat length
     nv = ((win.oh - 1) * win.sh) * wp + (win.ow - 1) * win.sw + 1  # vm's: to the last output's corner
     hexpr = _max_of([f"xp[numba.uint64(i + {kw * win.dw})]" for kw in range(win.kw)], dt)
@@ -205,32 +204,24 @@ def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
     # once: 128 planes of 7x7, allocated per plane, took 9.6 us.
     units = win.n * win.c
     per = -(-units // (2 * threads))
-    if inside:
+    if _inside(win):
         return _max_run_lines(win, dt, prange, per)
     lines = [
         f"    for t in {prange}({-(-units // per)}):",
         f"        hm = np.empty({nh}, dtype=np.{dt})",
         f"        vm = np.empty({nv}, dtype=np.{dt})",
-    ]
-    if not inside:
         # the -inf borders are written once per task; each plane overwrites only the interior
-        lines.append(f"        xq = np.full({hp * wp}, np.{dt}(-np.inf))")
-    lines += [
+        f"        xq = np.full({hp * wp}, np.{dt}(-np.inf))",
         f"        for v in range(t * {per}, min((t + 1) * {per}, {units})):",
         f"            c = v % {win.c}",
         f"            n = v // {win.c}",
+        "            xp = xq",
+        f"            for ih in range({win.h}):",
+        f"                r = (ih + {win.ph}) * {wp} + {win.pw}",
+        "                xi = a0[n, c, ih]",
+        "                for u in range(w_n):",
+        "                    xp[numba.uint64(r + u)] = xi[u]",
     ]
-    if inside:
-        lines.append(f"            xp = a0[n, c].reshape({hp * wp})")
-    else:
-        lines += [
-            "            xp = xq",
-            f"            for ih in range({win.h}):",
-            f"                r = (ih + {win.ph}) * {wp} + {win.pw}",
-            "                xi = a0[n, c, ih]",
-            "                for u in range(w_n):",
-            "                    xp[numba.uint64(r + u)] = xi[u]",
-        ]
     lines += [
         f"            for i in range({nh}):",
         f"                hm[i] = {hexpr}",
@@ -367,7 +358,7 @@ def _phase_lines(win: Window, dt: str, prange: str, threads: int, average: bool 
         f"        xq = np.full(({len(used)}, {batch * size}), np.{dt}({pad}))",
         f"        og = np.empty({batch * size}, dtype=np.{dt})",
         # the phase planes' views, once per task: a view made per row costs two reference-count
-        # updates (1.2 us a plane on a 31x31 input)
+        # updates (made per row, a 3x3 s2 pool of 2x64 planes of 31x31 ran about 3x slower)
         *(f"        x{i} = xq[{i}]" for i in range(len(used))),
         f"        for v0 in range(t * {per}, min((t + 1) * {per}, {units}), {batch}):",
         f"            v1 = min(v0 + {batch}, (t + 1) * {per}, {units})",
