@@ -260,14 +260,22 @@ def _max_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
         f"            hm[{_ix('i')}] = {hexpr}",
         f"        for i in range(run - {reach_h + reach_v}):",
         f"            vm[{_ix('i')}] = {vexpr}",
+        *_run_outputs(win, "vm[r + ow * {sw}]"),
+    ]
+
+
+def _run_outputs(win: Window, value: str) -> list[str]:
+    """The outputs of a task's run of planes ``v0 .. v1``: each read at its window's corner
+    ``r + ow * sw`` of the plane's run (``value``, with ``{sw}`` for the stride)."""
+    return [
         "        for v in range(v0, v1):",
         f"            c = v % {win.c}",
         f"            n = v // {win.c}",
-        f"            o = (v - v0) * {hw}",
+        f"            o = (v - v0) * {win.h * win.w}",
         f"            for oh in range({win.oh}):",
-        f"                r = o + oh * {win.sh * w}",
+        f"                r = o + oh * {win.sh * win.w}",
         "                for ow in range(ow_n):",
-        f"                    a1[n, c, oh, ow] = vm[r + ow * {win.sw}]",
+        "                    a1[n, c, oh, ow] = " + value.format(sw=win.sw),
     ]
 
 
@@ -309,14 +317,7 @@ def _average_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]
         f"        b = v0 * {hw}",
         f"        for i in range((v1 - v0) * {hw} - {reach}):",
         f"            sm[{_ix('i')}] = {expr}",
-        "        for v in range(v0, v1):",
-        f"            c = v % {win.c}",
-        f"            n = v // {win.c}",
-        f"            o = (v - v0) * {hw}",
-        f"            for oh in range({win.oh}):",
-        f"                r = o + oh * {win.sh * w}",
-        "                for ow in range(ow_n):",
-        f"                    a1[n, c, oh, ow] = sm[r + ow * {win.sw}] / (cnt_h[oh] * cnt_w[ow])",
+        *_run_outputs(win, "sm[r + ow * {sw}] / (cnt_h[oh] * cnt_w[ow])"),
     ]
 
 
