@@ -70,6 +70,34 @@ def window_of(attrs: Mapping[str, Any], x: Sequence[int], kernel: Sequence[int],
     )
 
 
+@dataclass(frozen=True)
+class PhaseCopy:
+    """How an input row goes into the ``sw`` column phases of a phase-plane grid of width ``wg``
+    (the plane conv's and the strided pools' scratch): input column ``j * sw + e`` lands in phase
+    column ``(e + pw) % sw`` at grid column ``j + (e + pw) // sw``.
+
+    Attributes:
+        full: how many groups of ``sw`` columns one loop over ``j`` copies, every store inside the
+            grid row.
+        lead: per column ``e`` of a group, ``(e, phase column, grid offset)``.
+        tail: the row's last columns, ``(input column, phase column, grid column)``, those that
+            land inside the grid (the others lie past every window).
+    """
+
+    full: int
+    lead: tuple[tuple[int, int, int], ...]
+    tail: tuple[tuple[int, int, int], ...]
+
+
+def phase_copy(win: Window, wg: int) -> PhaseCopy:
+    """The :class:`PhaseCopy` of ``win``'s rows into a grid ``wg`` wide."""
+    full = min(win.w // win.sw, wg - (win.sw - 1 + win.pw) // win.sw)
+    lead = tuple((e, (e + win.pw) % win.sw, (e + win.pw) // win.sw) for e in range(win.sw))
+    tail = tuple((col, (col + win.pw) % win.sw, (col + win.pw) // win.sw) for col in range(full * win.sw, win.w)
+                 if (col + win.pw) // win.sw < wg)
+    return PhaseCopy(full, lead, tail)
+
+
 def col_range(win: Window, indent: str, kw: str = "kw") -> list[str]:
     """Statements setting ``off``, ``lo``, ``hi``: output columns ``lo <= ow < hi`` read input
     column ``ow * sw + off`` inside ``[0, W)`` for window column ``kw``."""

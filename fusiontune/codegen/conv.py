@@ -194,7 +194,7 @@ from typing import Any
 import numpy as np
 
 from fusiontune.codegen import microkernel
-from fusiontune.codegen._window import Window, col_range, window_of
+from fusiontune.codegen._window import Window, col_range, phase_copy, window_of
 from fusiontune.codegen.blas import gemm_name
 from fusiontune.codegen.common import (
     PARALLEL_MIN_ELEMENTS,
@@ -1009,6 +1009,9 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
 
 
 PLANE_COPY_UNROLL = 16
+"""The plane kernel's row copy loops a literal count below this many column groups, which LLVM
+unrolls whole (a run-time count of 7 left a loop with its alias checks: dw5x5 1152 @7 75 -> 128
+us), and a count read at run time from there (a constant one is unrolled before it vectorizes)."""
 
 
 def _plane_row_copy(win: Window, wg: int, ax: str) -> list[str]:
@@ -1016,22 +1019,15 @@ def _plane_row_copy(win: Window, wg: int, ax: str) -> list[str]:
     of ``xp`` from grid column ``r``: input column ``j * sw + e`` goes to phase ``(e + pw) % sw``
     at grid column ``j + (e + pw) // sw``, one loop over ``j`` storing the row's ``sw``
     interleaved columns (a load group LLVM vectorizes; copied phase by phase, each read the row
-    at the stride, one element at a time), its trip count from the run-time width (a constant
-    one is unrolled first) and short enough to stay inside the grid row; the row's last columns
-    follow one by one. ``xp`` and the input are indexed in full: a view per row costs two
+    at the stride, one element at a time; :func:`~fusiontune.codegen._window.phase_copy`), its
+    trip count as :data:`PLANE_COPY_UNROLL` says; the row's last columns follow one by one. ``xp`` and the input are indexed in full: a view per row costs two
     reference-count updates."""
-    full = min(win.w // win.sw, wg - (win.sw - 1 + win.pw) // win.sw)
-    # under one vector of columns, a literal count: LLVM unrolls the loop whole (a run-time count
-    # of 7 left a loop with its alias checks: dw5x5 1152 @7 75 -> 128 us)
-    count = str(full) if full < PLANE_COPY_UNROLL else f"{ax}.shape[3] // {win.sw} - {win.w // win.sw - full}"
+    cp = phase_copy(win, wg)
+    count = str(cp.full) if cp.full < PLANE_COPY_UNROLL else f"{ax}.shape[3] // {win.sw} - {win.w // win.sw - cp.full}"
     lines = [f"                    for j in range({count}):"]
-    for e in range(win.sw):
-        b, o = (e + win.pw) % win.sw, (e + win.pw) // win.sw
-        lines.append(f"                        xp[k + {b}, {_ix(f'r + j + {o}')}] = {ax}[n, ci, ih, {_ix(f'j * {win.sw} + {e}')}]")
-    for col in range(full * win.sw, win.w):
-        b, u = (col + win.pw) % win.sw, (col + win.pw) // win.sw
-        if u < wg:
-            lines.append(f"                    xp[k + {b}, r + {u}] = {ax}[n, ci, ih, {col}]")
+    lines += [f"                        xp[k + {b}, {_ix(f'r + j + {o}')}] = {ax}[n, ci, ih, {_ix(f'j * {win.sw} + {e}')}]"
+              for e, b, o in cp.lead]
+    lines += [f"                    xp[k + {b}, r + {u}] = {ax}[n, ci, ih, {col}]" for col, b, u in cp.tail]
     return lines
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fusiontune.codegen._window import Window, col_range, window_of
+from fusiontune.codegen._window import Window, col_range, phase_copy, window_of
 from fusiontune.codegen.common import (
     PARALLEL_MIN_ELEMENTS,
     ArgSpec,
@@ -379,20 +379,17 @@ def _phase_lines(win: Window, dt: str, prange: str, threads: int, average: bool 
     # LLVM vectorizes; a copy per phase read the row at the stride, scalar). Its trip count keeps
     # every store inside the grid row, and is read at run time (a constant one is unrolled first);
     # the row's last columns follow one by one.
-    full = min(win.w // win.sw, wg - (win.sw - 1 + win.pw) // win.sw)
-    lead = [(e, (e + win.pw) % win.sw, (e + win.pw) // win.sw) for e in range(win.sw)]
+    cp = phase_copy(win, wg)
     for a in range(win.sh):
-        live = [(e, b, o) for e, b, o in lead if a * win.sw + b in slot]
+        live = [(e, b, o) for e, b, o in cp.lead if a * win.sw + b in slot]
         if not live:
             continue
         lines.append(f"                    {'if' if a == 0 else 'elif'} a == {a}:")
-        lines.append(f"                        for j in range(w_n // {win.sw} - {win.w // win.sw - full}):")
+        lines.append(f"                        for j in range(w_n // {win.sw} - {win.w // win.sw - cp.full}):")
         lines += [f"                            x{slot[a * win.sw + b]}[{_ix(f'r + j + {o}')}] = a0[n, c, ih, {_ix(f'j * {win.sw} + {e}')}]"
                   for e, b, o in live]
-        for col in range(full * win.sw, win.w):
-            b, u = (col + win.pw) % win.sw, (col + win.pw) // win.sw
-            if a * win.sw + b in slot and u < wg:
-                lines.append(f"                        x{slot[a * win.sw + b]}[r + {u}] = a0[n, c, ih, {col}]")
+        lines += [f"                        x{slot[a * win.sw + b]}[r + {u}] = a0[n, c, ih, {col}]"
+                  for col, b, u in cp.tail if a * win.sw + b in slot]
     lines += [
         f"            for q in range((v1 - v0 - 1) * {size} + span):",
         f"                og[{_ix('q')}] = {expr}",
