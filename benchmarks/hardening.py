@@ -194,9 +194,9 @@ FLOAT = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.])")
 
 
 def kernels_dir(cache: Path) -> Path:
-    found = sorted(cache.glob("kernels-numba*"))
+    found = sorted(p for p in cache.glob("kernels-numba*/*") if p.is_dir())
     if not found:
-        raise RuntimeError(f"no kernels-numba* folder under {cache}")
+        raise RuntimeError(f"no kernels-numba*/<target> folder under {cache}")
     return found[0]
 
 

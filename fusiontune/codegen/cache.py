@@ -68,6 +68,7 @@ from typing import NamedTuple, Protocol
 import numba
 
 from fusiontune.codegen.common import KernelSource
+from fusiontune.codegen.target import target_tag
 from fusiontune.codegen.threading_layer import configure_threading
 from fusiontune.errors import UserError
 
@@ -113,11 +114,14 @@ class _Text(NamedTuple):
 
 
 def cache_dir() -> Path:
-    """Where kernel modules live: ``$FUSIONTUNE_CACHE_DIR`` or ``~/.cache/fusiontune``, per numba version."""
+    """Where kernel modules live: ``$FUSIONTUNE_CACHE_DIR`` or ``~/.cache/fusiontune``, per numba
+    version and per compile target (:func:`~fusiontune.codegen.target.target_tag`: a cache shared
+    by machines of two CPU kinds, or by processes with other ``NUMBA_CPU_FEATURES``, keeps each
+    one's machine code apart instead of each overwriting the other's)."""
     root = os.environ.get("FUSIONTUNE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fusiontune"
     )
-    path = Path(root) / f"kernels-numba{numba.__version__}"
+    path = Path(root) / f"kernels-numba{numba.__version__}" / target_tag()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

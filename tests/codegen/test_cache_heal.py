@@ -334,7 +334,7 @@ def test_flipped_machine_code_in_a_loadable_nbc_never_runs(tmp_path: Path) -> No
     # The recorded digest keeps numba from ever reading the file; a child process, so a
     # regression crashes the child, not the test run.
     _finish(_child(tmp_path))
-    (nbc,) = tmp_path.glob("kernels-*/__pycache__/*.nbc")
+    (nbc,) = tmp_path.glob("kernels-*/*/__pycache__/*.nbc")
     data = bytearray(nbc.read_bytes())
     start = data.find(b"\x7fELF") + 100
     data[start : start + 16] = bytes(b ^ 0x5A for b in data[start : start + 16])
@@ -353,7 +353,7 @@ def test_concurrent_loads_of_one_damaged_entry_all_succeed_and_heal_it(
     cache_root, barrier = tmp_path / "cache", tmp_path / "barrier"
     barrier.mkdir()
     _finish(_child(cache_root))
-    (py,) = cache_root.glob("kernels-*/k_*.py")
+    (py,) = cache_root.glob("kernels-*/*/k_*.py")
     which, damage, _ = DAMAGE[kind]
     target = which(py)
     damage(target)
