@@ -50,9 +50,10 @@ vectors, and the flat pass computes every row's vertical max, not only the outpu
 
 
 MAX_POOL_ALGOS = ("flat", "row", "phase")
-POOL_SCRATCH_ELEMENTS = 16384
-"""The phase kernel's scratch per task, in elements (64 KiB of float32): planes are batched up
-to it."""
+POOL_SCRATCH_ELEMENTS = 4096
+"""The phase kernel's scratch per batch of planes, in elements (16 KiB of float32, which stays in
+the L1 cache with the batch's input): planes are batched up to it. At 16384 (one thread, us):
+ResNet18's 2x64 @32 3x3 s2 pad 1 51.5 -> 34.8, DenseNet's 2x2 s2 128 @56 average 157.6 -> 101.1."""
 
 
 POOL_PHASE_MAX_TAPS = 49
@@ -237,61 +238,80 @@ def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
 
 def _max_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
     """:func:`_max_lines` where the windows never leave the input: a task's planes follow one
-    another in the input, so its ``hm`` and ``vm`` are each one flat loop over all of them (the
-    positions whose window crosses into the next plane are computed and never read: every
-    output's window lies inside its own plane). Per plane, the loops of a 7x7 plane were shorter
-    than one vector."""
+    another in the input, so its ``hm`` and ``vm`` are each one flat loop over a chunk of them
+    (:func:`_chunk`; the positions whose window crosses into the next plane are computed and never
+    read: every output's window lies inside its own plane). Per plane, the loops of a 7x7 plane
+    were shorter than one vector."""
     hw, w = win.h * win.w, win.w
     reach_h = (win.kw - 1) * win.dw  # hm's last position's reach past it
     reach_v = (win.kh - 1) * win.dh * w
     hexpr = _max_of([f"xf[{_ix(f'b + i + {kw * win.dw}')}]" for kw in range(win.kw)], dt)
     vexpr = _max_of([f"hm[{_ix(f'i + {kh * win.dh * w}')}]" for kh in range(win.kh)], dt)
     units = win.n * win.c
+    chunk = _chunk(hw, per)
     return [
         f"    xf = a0.reshape({units * hw})",
         f"    for t in {prange}({-(-units // per)}):",
-        f"        hm = np.empty({per * hw}, dtype=np.{dt})",
-        f"        vm = np.empty({per * hw}, dtype=np.{dt})",
-        f"        v0 = t * {per}",
-        f"        v1 = min(v0 + {per}, {units})",
-        f"        b = v0 * {hw}",
-        f"        run = (v1 - v0) * {hw}",
-        f"        for i in range(run - {reach_h}):",
-        f"            hm[{_ix('i')}] = {hexpr}",
-        f"        for i in range(run - {reach_h + reach_v}):",
-        f"            vm[{_ix('i')}] = {vexpr}",
+        f"        hm = np.empty({chunk * hw}, dtype=np.{dt})",
+        f"        vm = np.empty({chunk * hw}, dtype=np.{dt})",
+        *_chunk_loop(per, units, chunk, hw),
+        f"            for i in range(run - {reach_h}):",
+        f"                hm[{_ix('i')}] = {hexpr}",
+        f"            for i in range(run - {reach_h + reach_v}):",
+        f"                vm[{_ix('i')}] = {vexpr}",
         *_run_outputs(win, "vm[r + ow * {sw}]"),
     ]
 
 
-def _run_outputs(win: Window, value: str) -> list[str]:
-    """The outputs of a task's run of planes ``v0 .. v1``: each read at its window's corner
-    ``r + ow * sw`` of the plane's run (``value``, with ``{sw}`` for the stride)."""
+POOL_RUN_CHUNK = 2048
+"""The in-place pool kernels take a task's planes in chunks of at most this many elements (one
+plane where a plane is larger), so that their scratch rows stay in the L1 cache: SqueezeNet's
+2x16 @31 MaxPool, 8 planes of 31x31 a chunk (two 30 KiB scratch runs), 14.1 -> 8.6 us on one
+Emerald Rapids thread (one plane a chunk)."""
+
+
+def _chunk(hw: int, per: int) -> int:
+    """Planes of ``hw`` elements per chunk of a task of ``per`` planes (:data:`POOL_RUN_CHUNK`)."""
+    return max(1, min(per, POOL_RUN_CHUNK // hw))
+
+
+def _chunk_loop(per: int, units: int, chunk: int, hw: int) -> list[str]:
+    """Within task ``t``: its planes ``v0 .. v1`` a chunk at a time, ``b`` the chunk's first
+    element and ``run`` its length."""
     return [
-        "        for v in range(v0, v1):",
-        f"            c = v % {win.c}",
-        f"            n = v // {win.c}",
-        f"            o = (v - v0) * {win.h * win.w}",
-        f"            for oh in range({win.oh}):",
-        f"                r = o + oh * {win.sh * win.w}",
-        "                for ow in range(ow_n):",
-        "                    a1[n, c, oh, ow] = " + value.format(sw=win.sw),
+        f"        t1 = min((t + 1) * {per}, {units})",
+        f"        for v0 in range(t * {per}, t1, {chunk}):",
+        f"            v1 = min(v0 + {chunk}, t1)",
+        f"            b = v0 * {hw}",
+        f"            run = (v1 - v0) * {hw}",
     ]
 
 
-POOL_RUN_MAX_PLANE = 1024
-"""An AveragePool inside the input runs ``flat`` over planes of at most this many elements."""
+def _run_outputs(win: Window, value: str) -> list[str]:
+    """The outputs of a chunk of planes ``v0 .. v1``: each read at its window's corner
+    ``r + ow * sw`` of the chunk's run (``value``, with ``{sw}`` for the stride)."""
+    return [
+        "            for v in range(v0, v1):",
+        f"                c = v % {win.c}",
+        f"                n = v // {win.c}",
+        f"                o = (v - v0) * {win.h * win.w}",
+        f"                for oh in range({win.oh}):",
+        f"                    r = o + oh * {win.sh * win.w}",
+        "                    for ow in range(ow_n):",
+        "                        a1[n, c, oh, ow] = " + value.format(sw=win.sw),
+    ]
 
 
 def average_pool_algo(win: Window) -> str:
     """The AveragePool kernel for ``win``: ``flat`` (:func:`_average_run_lines`) for a strided
     window inside the input, ``phase`` (:func:`_phase_lines`) for one that leaves it, ``row``
     (:func:`_average_lines`) otherwise. Measured (``benchmarks/bench_conv.py --only pools``, one
-    thread, us; flat / row / phase): 2x2 s2 2x128 @16 12.9 / 26.2 / 22.7, 2x128 @32 52.4 / 63.8 /
-    66.7, 128 @56 63.3 / 108.2 / 55.1 (the row kernel reads its input at the stride)."""
+    Emerald Rapids thread, us; flat / row / phase, since the chunks of :data:`POOL_RUN_CHUNK`): 2x2
+    s2 2x128 @16 23.5 / 41.8 / 37.6, 2x128 @32 44.1 / 101.6 / 105.0, 128 @56 86.7 / 149.0 /
+    101.1 (the row kernel reads its input at the stride)."""
     if not phase_applies(win):
         return "row"
-    return "flat" if _inside(win) and win.h * win.w <= POOL_RUN_MAX_PLANE else "phase"
+    return "flat" if _inside(win) else "phase"
 
 
 def _inside(win: Window) -> bool:
@@ -301,22 +321,21 @@ def _inside(win: Window) -> bool:
 
 def _average_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
     """An AveragePool whose windows never leave the input, as :func:`_max_run_lines`: the taps
-    summed in window order at every position of a task's planes in one flat loop, each output
-    then read at its window's corner and divided by the count."""
+    summed in window order at every position of a chunk of a task's planes in one flat loop, each
+    output then read at its window's corner and divided by the count."""
     hw, w = win.h * win.w, win.w
     reach = (win.kh - 1) * win.dh * w + (win.kw - 1) * win.dw
     expr = " + ".join(f"xf[{_ix(f'b + i + {kh * win.dh * w + kw * win.dw}')}]"
                       for kh in range(win.kh) for kw in range(win.kw))
     units = win.n * win.c
+    chunk = _chunk(hw, per)
     return [
         f"    xf = a0.reshape({units * hw})",
         f"    for t in {prange}({-(-units // per)}):",
-        f"        sm = np.empty({per * hw}, dtype=np.{dt})",
-        f"        v0 = t * {per}",
-        f"        v1 = min(v0 + {per}, {units})",
-        f"        b = v0 * {hw}",
-        f"        for i in range((v1 - v0) * {hw} - {reach}):",
-        f"            sm[{_ix('i')}] = {expr}",
+        f"        sm = np.empty({chunk * hw}, dtype=np.{dt})",
+        *_chunk_loop(per, units, chunk, hw),
+        f"            for i in range(run - {reach}):",
+        f"                sm[{_ix('i')}] = {expr}",
         *_run_outputs(win, "sm[r + ow * {sw}] / (cnt_h[oh] * cnt_w[ow])"),
     ]
 

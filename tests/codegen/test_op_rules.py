@@ -194,6 +194,9 @@ def _pool_cases() -> list[OpCase]:
         "ceil_include_pad": ((1, 2, 8, 7), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 0, 1, 0), "ceil_mode": 1, "count_include_pad": 1}),
         "ceil_exclude_pad": ((2, 2, 8, 7), {"kernel_shape": (2, 3), "strides": (3, 2), "ceil_mode": 1}),
         "global_1d": ((2, 4, 9), {"kernel_shape": (9,)}),
+        # in place over planes of 961 (chunks of two, then one) and of 2304 (one a chunk)
+        "chunks": ((2, 5, 31, 31), {"kernel_shape": (3, 3), "strides": (2, 2)}),
+        "big_planes": ((1, 3, 48, 48), {"kernel_shape": (2, 2), "strides": (2, 2)}),
     }
     return [
         OpCase(op, f"{op}-{name}", lambda g, op=op, x=x, a=a: g.op(op, g.input("x", x), **a))
@@ -1272,6 +1275,8 @@ def test_reduction_kernel_propagates_nan(name: str) -> None:
         # -inf padded plane
         ((2, 3, 9, 9), {"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}),
         ((2, 5, 7, 7), {"kernel_shape": (3, 3), "strides": (2, 2), "dilations": (1, 2)}),
+        # planes of 961: a task's planes in chunks of two and a last one (pool.POOL_RUN_CHUNK)
+        ((2, 5, 31, 31), {"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}),
         ((1, 3, 9, 9), {"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}),
         # rows wider than pool.POOL_FLAT_MAX_WIDTH
         ((1, 2, 5, 60), {"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}),
