@@ -68,7 +68,7 @@ GRID = {
 }
 
 
-@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed", "plane", "chan"])
+@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed", "plane", "chan", "axpy"])
 @pytest.mark.parametrize("case", list(GRID))
 def test_conv_algorithm_matches_reference(case: str, algo: str) -> None:
     xs, ws, attrs, bias = GRID[case]
@@ -120,7 +120,7 @@ def _epilogue_block(g: GraphBuilder) -> tuple[Tensor, ...]:
     return r, g.op("Clip", r, min=0.0, max=1.5), g.op("HardSwish", y)
 
 
-@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed", "plane", "chan"])
+@pytest.mark.parametrize("algo", ["im2col", "direct", "shifted", "packed", "plane", "chan", "axpy"])
 def test_conv_epilogue_bn_residual_relu_clip_hardswish(algo: str) -> None:
     graph = _graph(_epilogue_block)
     src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": algo})
@@ -151,6 +151,7 @@ def test_conv_epilogue_reads_the_conv_input_and_a_per_channel_scale() -> None:
     ((3, 8, 7, 7), (8, 1, 3, 3), 8, True, {"conv_algo": "plane"}),  # tasks of whole (image, group) planes
     ((1, 6, 8, 8), (12, 2, 3, 3), 3, True, {"conv_algo": "plane"}),  # 4 output channels a group
     ((1, 40, 4, 4), (40, 1, 3, 3), 40, True, {"conv_algo": "chan"}),  # two runs of 20 channels
+    ((2, 16, 17, 17), (5, 16, 1, 1), 1, True, {"conv_algo": "axpy"}),  # blocks of 256 and 33 positions
 ])
 def test_conv_runs_a_silu_tail_flat_over_the_output(xs: tuple[int, ...], ws: tuple[int, ...], group: int,
                                                    flat: bool, schedule: dict[str, object]) -> None:
@@ -159,7 +160,8 @@ def test_conv_runs_a_silu_tail_flat_over_the_output(xs: tuple[int, ...], ws: tup
     output), so every element gets it once, whatever the blocks."""
 
     def build(g: GraphBuilder) -> Tensor:
-        y = g.op("Conv", g.input("x", xs), _const(g, ws, 1), _const(g, (ws[0],), 2), group=group, pads=(1, 1, 1, 1))
+        pad = 1 if ws[2] > 1 else 0
+        y = g.op("Conv", g.input("x", xs), _const(g, ws, 1), _const(g, (ws[0],), 2), group=group, pads=(pad,) * 4)
         y = g.mul(y, _const(g, (1, ws[0], 1, 1), 3))
         return g.mul(y, g.sigmoid(y))
 
@@ -259,6 +261,48 @@ def test_conv_algo_rule_packed_but_direct_plane_or_chan_for_depthwise() -> None:
     assert choose_conv_algo(512, 512, 3, 3, positions=49) == "packed"
     assert choose_conv_algo(3, 64, 7, 7) == "packed"  # the stem
     assert choose_conv_algo(8, 8, 3, 3, group=32) == "packed"  # grouped, 72-long reduction
+
+
+def test_conv_algo_rule_axpy_for_1x1_convs_with_a_short_reduction() -> None:
+    assert choose_conv_algo(8, 48, 1, 1, positions=1024) == "axpy"
+    assert choose_conv_algo(16, 96, 1, 1, positions=64) == "axpy"
+    assert choose_conv_algo(32, 8, 1, 1, positions=49) == "axpy"  # few output channels
+    assert choose_conv_algo(32, 64, 1, 1, positions=49) == "packed"
+    assert choose_conv_algo(24, 144, 1, 1, positions=256) == "packed"
+    assert choose_conv_algo(8, 48, 1, 1, positions=1) == "packed"  # a squeeze-and-excite 1x1 plane
+    assert choose_conv_algo(8, 48, 1, 1, positions=1024, strided=True) == "packed"
+    assert choose_conv_algo(8, 48, 1, 1, positions=1024, padded=True) == "packed"
+    assert choose_conv_algo(8, 48, 1, 1, positions=1024, prologue=True) == "packed"
+    assert choose_conv_algo(8, 48, 3, 3, positions=1024) == "packed"
+    assert choose_conv_algo(8, 48, 1, 1, group=2, positions=1024) != "axpy"
+
+
+@pytest.mark.parametrize(("xs", "m", "dtype"), [
+    ((2, 16, 17, 17), 5, "float32"),  # 289 positions: blocks of 256 and 33
+    ((1, 3, 40, 40), 4, "float32"),  # K = 3: blocks of 1360 and 240
+    ((2, 1, 4, 5), 7, "float32"),  # one input channel, 20 positions
+    ((2, 8, 6, 6), 3, "float64"),
+])
+def test_axpy_conv_matches_reference(xs: tuple[int, ...], m: int, dtype: str) -> None:
+    """The rule's pick for these 1x1 convs, with a bias and a residual Add read per element."""
+    rng = np.random.default_rng(4)
+
+    def build(g: GraphBuilder) -> Tensor:
+        w = g.const(rng.standard_normal((m, xs[1], 1, 1)).astype(dtype))
+        b = g.const(rng.standard_normal(m).astype(dtype))
+        y = g.op("Conv", g.input("x", xs), w, b)
+        return g.relu(g.add(y, g.input("r", (xs[0], m, *xs[2:]))))
+
+    g = GraphBuilder("axpy", dtype=dtype)
+    g.output(build(g))
+    graph = g.build()
+    src = kernel_source(graph, [n.name for n in graph.nodes])
+    assert "xs = np.empty" in src.source  # the axpy kernel's input block
+    prog = build_program(_one_kernel(graph))
+    inputs = {n: rng.standard_normal(graph.values[n].shape).astype(dtype) for n in graph.inputs}
+    got = prog.run(inputs)[graph.outputs[0]]
+    want = run_graph(graph, inputs, dtype="float64")[graph.outputs[0]]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("orient", ["rows", "lanes"])

@@ -8,7 +8,7 @@ from fusiontune.passes.base import PassContext
 from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import patterns
 
-ALGOS = {1: "im2col", 2: "direct", 3: "shifted", 4: "packed", 5: "plane", 6: "chan"}
+ALGOS = {1: "im2col", 2: "direct", 3: "shifted", 4: "packed", 5: "plane", 6: "chan", 7: "axpy"}
 ORIENTS = {1: "rows", 2: "lanes"}
 
 
@@ -23,7 +23,7 @@ def conv_output_split_fusion(fused: FusedGraph, ctx: PassContext) -> FusedGraph:
     ``algo``: 0 the codegen rule (codegen/conv.py ``choose_conv_algo``), 1 im2col + GEMM, 2 the
     direct loop kernel, 3 shifted-view GEMMs, 4 packed weights + the register-blocked
     micro-kernel, 5 the padded-plane kernel, 6 the channels-last kernel (both for depthwise convs;
-    codegen/conv.py); they sum the same products in a different order (rounding only). Preconditions: none beyond a Conv in the kernel; ``rows`` only changes
+    codegen/conv.py), 7 the scaled-rows kernel of 1x1 convs with short reductions; they sum the same products in a different order (rounding only). Preconditions: none beyond a Conv in the kernel; ``rows`` only changes
     im2col, shifted and packed kernels.
     """
     rows, algo, orient = ctx.split("rows"), ctx.split("algo"), ctx.split("orient")
