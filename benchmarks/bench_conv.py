@@ -5,7 +5,7 @@ Prints, for people:
 1. Per ResNet / MobileNet / EfficientNet-style conv shape (batch 1, float32; ``--batch``): the
    median time (and IQR) of the conv kernel with ``conv_algo="im2col"``, ``"shifted"`` (stride 1
    only; a strided conv shows "-"), ``"direct"``, ``"packed"``, ``"plane"`` (grouped convs only),
-   ``"chan"`` (depthwise convs only),
+   ``"chan"`` (depthwise convs only), ``"axpy"`` (1x1 stride-1 convs only),
    of onnxruntime running the same Conv, and of the catalogue's numpy reference (ir/ops.py, einsum over a strided window view), timed in interleaved rounds
    (A B C A B C ...) so that load from other processes hits every variant alike; which algorithm
    wins, and which one :func:`fusiontune.codegen.conv.choose_conv_algo` picks.
@@ -67,6 +67,11 @@ SHAPES: tuple[tuple[str, int, int, int, int, int, int], ...] = (
     ("effnet dw3x3 480 @14", 480, 14, 480, 3, 1, 480),
     ("effnet dw5x5 s2 672 @14", 672, 14, 672, 5, 2, 672),
     ("effnet dw5x5 1152 @7", 1152, 7, 1152, 5, 1, 1152),
+    # 1x1 convs with a short reduction (the axpy kernel): EfficientNet-B0's first expansion,
+    # MobileNetV3-small's and SqueezeNet 1.1's first expand
+    ("effnet 1x1 16->96 @112", 16, 112, 96, 1, 1, 1),
+    ("mbv3 1x1 16->72 @28", 16, 28, 72, 1, 1, 1),
+    ("squeezenet 1x1 16->64 @55", 16, 55, 64, 1, 1, 1),
 )
 QUICK = ("3x3 64->64 @56", "1x1 256->64 @56", "dw 3x3 32 @112")
 
@@ -127,7 +132,7 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
 
     from fusiontune.measure.roofline import measure_peak_flops
 
-    algos = ("im2col", "shifted", "direct", "packed", "plane", "chan")
+    algos = ("im2col", "shifted", "direct", "packed", "plane", "chan", "axpy")
     threads = numba.config.NUMBA_NUM_THREADS
     peak = measure_peak_flops(threads)
     print(f"threads: {threads} (NUMBA_NUM_THREADS; onnxruntime intra-op alike); ms: median ±IQR of {rounds} interleaved rounds")
@@ -143,7 +148,7 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
         # a strided conv runs im2col for "shifted"; plane and chan are depthwise kernels (a dense
         # conv's channels would each make a pass over the plane; chan needs one channel per group)
         run = [a for a in algos if (a != "shifted" or s == 1) and (a != "plane" or grp > 1)
-               and (a != "chan" or c == m == grp)]
+               and (a != "chan" or c == m == grp) and (a != "axpy" or (k == 1 and s == 1 and grp == 1))]
         progs = {a: build_program(with_algo(graph, a)) for a in run}
         conv = graph.nodes[0]
         wv = graph.constants[conv.inputs[1]]
@@ -161,7 +166,7 @@ def bench_algos(rounds: int, quick: bool, batch: int = 1) -> None:
         res = interleaved(fns, rounds)
         winner = min(run, key=lambda a: res[a][0])
         o = -(-h // s)
-        rule = choose_conv_algo(c // grp, m // grp, k, k, grp, o * o)
+        rule = choose_conv_algo(c // grp, m // grp, k, k, grp, o * o, strided=s > 1)
         rule = rule if rule in res else "im2col"
         gflops = 2 * batch * m * o * o * (c // grp) * k * k / (res[rule][0] * 1e-3) / 1e9
         ratio = res["onnxruntime"][0] / res[rule][0] if "onnxruntime" in res else float("nan")
