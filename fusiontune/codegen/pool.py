@@ -52,8 +52,9 @@ vectors, and the flat pass computes every row's vertical max, not only the outpu
 MAX_POOL_ALGOS = ("flat", "row", "phase")
 POOL_SCRATCH_ELEMENTS = 4096
 """The phase kernel's scratch per batch of planes, in elements (16 KiB of float32, which stays in
-the L1 cache with the batch's input): planes are batched up to it. At 16384 (one thread, us):
-ResNet18's 2x64 @32 3x3 s2 pad 1 51.5 -> 34.8, DenseNet's 2x2 s2 128 @56 average 157.6 -> 101.1."""
+the L1 cache with the batch's input): planes are batched up to it. From 16384 to 4096 (one
+Emerald Rapids thread, us): ResNet18's 2x64 @32 3x3 s2 pad 1 51.5 -> 34.8, DenseNet's 2x2 s2 128
+@56 average 157.6 -> 101.1; 2048 was no faster."""
 
 
 POOL_PHASE_MAX_TAPS = 49
@@ -265,9 +266,9 @@ def _max_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
 
 POOL_RUN_CHUNK = 2048
 """The in-place pool kernels take a task's planes in chunks of at most this many elements (one
-plane where a plane is larger), so that their scratch rows stay in the L1 cache: SqueezeNet's
-2x16 @31 MaxPool, 8 planes of 31x31 a chunk (two 30 KiB scratch runs), 14.1 -> 8.6 us on one
-Emerald Rapids thread (one plane a chunk)."""
+plane where a plane is larger), so that their scratch rows stay in the L1 cache. A task's planes
+all at once (SqueezeNet's 2x64 @31 MaxPool: 32 planes of 31x31 a task, two 120 KiB scratch runs)
+took 50.7 us on one Emerald Rapids thread, in chunks 42.1 (benchmarks/bench_conv.py --only pools)."""
 
 
 def _chunk(hw: int, per: int) -> int:
