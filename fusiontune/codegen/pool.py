@@ -267,8 +267,8 @@ def _max_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
 POOL_RUN_CHUNK = 2048
 """The in-place pool kernels take a task's planes in chunks of at most this many elements (one
 plane where a plane is larger), so that their scratch rows stay in the L1 cache. A task's planes
-all at once (SqueezeNet's 2x64 @31 MaxPool: 32 planes of 31x31 a task, two 120 KiB scratch runs)
-took 50.7 us on one Emerald Rapids thread, in chunks 42.1 (benchmarks/bench_conv.py --only pools)."""
+all at once (SqueezeNet's 2x64 @31 MaxPool, one thread: 64 planes of 31x31 a task, two 240 KiB scratch runs)
+took 50.7 us on an Emerald Rapids core, in chunks 42.1 (benchmarks/bench_conv.py --only pools)."""
 
 
 def _chunk(hw: int, per: int) -> int:
