@@ -16,6 +16,9 @@ Four entry points, one call: ``gemm32/64(a, b, out)`` on whole arrays (MatMul ke
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -121,6 +124,44 @@ def _make_t(gemm_ex: Any, dtype: type, width: int) -> Callable[..., None]:
 
 gemm_t32 = _make_t(gemm32_ex, np.float32, 4)
 gemm_t64 = _make_t(gemm64_ex, np.float64, 8)
+
+
+OPENBLAS_AVX512_CORES = frozenset({"SkylakeX", "Cooperlake", "SapphireRapids"})
+"""OpenBLAS's kernel families with an AVX-512 sgemm: where scipy's BLAS runs one of them, the MatMul
+kernels call it by default instead of the packed micro-kernel path (codegen/contraction.py)."""
+
+_CORENAME_SYMBOLS = ("scipy_openblas_get_corename", "scipy_openblas_get_corename64_", "openblas_get_corename")
+
+
+@functools.cache
+def openblas_core() -> str | None:
+    """The kernel family OpenBLAS chose for this CPU (``SkylakeX``, ``Haswell``, ``Zen``...), asked
+    of the library that scipy's BLAS functions live in; None when that is not an OpenBLAS this
+    process can find (not Linux, another BLAS)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if not os.path.isfile(path):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol in _CORENAME_SYMBOLS:
+            fn = getattr(lib, symbol, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                name = fn()
+                return name.decode() if name else None
+    return None
+
+
+def blas_has_avx512() -> bool:
+    """Whether scipy's BLAS runs an AVX-512 sgemm (:data:`OPENBLAS_AVX512_CORES`)."""
+    return openblas_core() in OPENBLAS_AVX512_CORES
 
 
 def gemm_name(dtype: str, transposed: bool = False) -> str:

@@ -2,16 +2,23 @@
 over weights packed at build time, or through BLAS (codegen/blas.py), with the fused epilogue
 applied in cache.
 
-**Packed** (``matmul_algo="packed"``, the default wherever it applies: the right operand is a
-constant without batch dims, the reduction 16 to :data:`PACKED_MAX_K` long or the product small,
-the left operand not transposed). The weights are packed once, when the program is built
+**Packed** (``matmul_algo="packed"``, the default wherever it applies, unless scipy's BLAS is an
+OpenBLAS running an AVX-512 sgemm (:func:`~fusiontune.codegen.blas.blas_has_avx512`): the right
+operand is a constant without batch dims, the reduction 16 to :data:`PACKED_MAX_K` long or the
+product small, the left operand not transposed). The weights are packed once, when the program is built
 (:func:`pack_matmul_weights`, a :class:`~fusiontune.codegen.common.Derived` argument), into column
 blocks of the micro-kernel's width; a task copies a panel of its rows transposed, runs the
 micro-kernel over every (row block, column block) pair into a panel of the product, and applies
 the epilogue to that panel while it is in cache (:func:`_packed_lines`). OpenBLAS's sgemm spends
 microseconds per call on the shapes of small transformers and reaches about 115 GFLOP/s here at
 any size; the packed path ran 34x64x64 1.6x, 24x128x128 2.4x, 512x768x768 1.8x and 512x768x3072
-1.6x faster (one core, benchmarks figures in the README).
+1.6x faster (one core, benchmarks figures in the README). That was OpenBLAS's AVX2 kernel on an
+AMD EPYC. On an Intel Emerald Rapids core OpenBLAS runs its AVX-512 kernel (``SkylakeX``), and it
+beat the packed path at every shape timed (one thread, us, packed / BLAS: 512x32x8 15.1 / 7.3,
+34x64x64 3.6 / 2.5, 24x128x128 7.3 / 5.7, 512x96x64 79 / 56, 512x768x768 4749 / 4489); whole
+transformer programs ran 1.10x to 1.19x faster with BLAS. So where OpenBLAS has an AVX-512 sgemm
+the default is BLAS; a schedule can still ask for either. (Two machines are the evidence for
+this rule: an AVX-512 OpenBLAS on an AMD core is untested.)
 
 **BLAS** (``matmul_algo="blas"``, and every product the packed path does not take).
 
@@ -44,7 +51,7 @@ import numba
 import numpy as np
 
 from fusiontune.codegen import microkernel
-from fusiontune.codegen.blas import gemm_name
+from fusiontune.codegen.blas import blas_has_avx512, gemm_name
 from fusiontune.codegen.common import (
     PARALLEL_MIN_ELEMENTS,
     ArgSpec,
@@ -233,6 +240,8 @@ def generate_contraction_kernel(
     parallel_rows = BC * MM * N * max(K, 1) >= PARALLEL_MIN_ELEMENTS * 8
     if algo not in ("", "packed", "blas"):
         raise NotFusable(f"matmul_algo {algo!r}: packed or blas")
+    if algo == "" and blas_has_avx512():
+        algo = "blas"  # OpenBLAS's AVX-512 sgemm: faster than the packed path (module docstring)
     if algo != "blas" and flat and b in low.arrays and b not in operand_reads and a != b and packed_applies(MM, N, K):
         uk = packed_block(MM, N, dtype)
         packed = Derived(f"{b}#mm{uk.nr}{'t' if tb else ''}", b, "fusiontune.codegen.contraction:pack_matmul_weights",

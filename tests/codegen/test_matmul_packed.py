@@ -53,11 +53,11 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, (*c[0], *c[1:5]))) + (c[5] or "plain"))
 def test_packed_matmul_matches_the_reference_and_blas(case: tuple) -> None:
     graph = _graph(*case)
-    src = kernel_source(graph, [n.name for n in graph.nodes], {})
+    src = kernel_source(graph, [n.name for n in graph.nodes], {"matmul_algo": "packed"})
     assert "uk(" in src.source and [d.fn for d in src.derived] == ["fusiontune.codegen.contraction:pack_matmul_weights"]
     inputs = random_inputs(graph)
     want = run_graph(graph, inputs, "float64")[graph.outputs[0]]
-    packed = np.array(_program(graph).run(inputs)[graph.outputs[0]])
+    packed = np.array(_program(graph, matmul_algo="packed").run(inputs)[graph.outputs[0]])
     blas = np.array(_program(graph, matmul_algo="blas").run(inputs)[graph.outputs[0]])
     np.testing.assert_allclose(packed, want, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(packed, blas, rtol=2e-5, atol=2e-5)
@@ -67,12 +67,12 @@ def test_packed_matmul_matches_the_reference_and_blas(case: tuple) -> None:
 def test_packed_matmul_row_block_sets_the_panel(row_block: int) -> None:
     graph = _graph((2,), 45, 32, 48, 0, "gelu")
     nodes = [n.name for n in graph.nodes]
-    plain = kernel_source(graph, nodes, {})
-    split = kernel_source(graph, nodes, {"row_block": row_block})
+    plain = kernel_source(graph, nodes, {"matmul_algo": "packed"})
+    split = kernel_source(graph, nodes, {"matmul_algo": "packed", "row_block": row_block})
     assert split.key != plain.key
     inputs = random_inputs(graph)
     want = run_graph(graph, inputs, "float64")[graph.outputs[0]]
-    got = _program(graph, row_block=row_block).run(inputs)[graph.outputs[0]]
+    got = _program(graph, matmul_algo="packed", row_block=row_block).run(inputs)[graph.outputs[0]]
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
@@ -80,7 +80,8 @@ def test_packed_matmul_float64_is_float64_accurate() -> None:
     graph = _graph((3,), 11, 50, 20, 1, "bias", dtype="float64")
     inputs = random_inputs(graph)
     want = run_graph(graph, inputs, "float64")[graph.outputs[0]]
-    np.testing.assert_allclose(_program(graph).run(inputs)[graph.outputs[0]], want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(_program(graph, matmul_algo="packed").run(inputs)[graph.outputs[0]], want,
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_blas_runs_what_the_packed_path_does_not_take() -> None:
@@ -95,6 +96,31 @@ def test_blas_runs_what_the_packed_path_does_not_take() -> None:
     assert kernel_source(long_k, [n.name for n in long_k.nodes], {"matmul_algo": "blas"}).derived == ()
     with pytest.raises(ValueError, match="matmul_algo"):
         kernel_source(long_k, [n.name for n in long_k.nodes], {"matmul_algo": "mkl"})
+
+
+@pytest.mark.parametrize("avx512_blas", [False, True])
+def test_the_default_is_blas_where_openblas_runs_an_avx512_sgemm(monkeypatch: pytest.MonkeyPatch,
+                                                                avx512_blas: bool) -> None:
+    import fusiontune.codegen.contraction as contraction
+
+    monkeypatch.setattr(contraction, "blas_has_avx512", lambda: avx512_blas)
+    graph = _graph((2,), 17, 64, 64, 0, "bias")
+    src = kernel_source(graph, [n.name for n in graph.nodes], {})
+    assert ("uk(" in src.source) == (not avx512_blas)
+    forced = kernel_source(graph, [n.name for n in graph.nodes], {"matmul_algo": "packed"})
+    assert "uk(" in forced.source
+
+
+def test_openblas_names_its_kernel_family() -> None:
+    """scipy's wheels bundle OpenBLAS: its kernel family for this CPU is readable, and the AVX-512
+    families are the ones the default rule names."""
+    from fusiontune.codegen.blas import OPENBLAS_AVX512_CORES, blas_has_avx512, openblas_core
+
+    core = openblas_core()
+    if core is None:
+        pytest.skip("scipy's BLAS is not an OpenBLAS found in this process's maps")
+    assert core and core.isprintable()
+    assert blas_has_avx512() == (core in OPENBLAS_AVX512_CORES)
 
 
 def test_packed_weights_hold_whole_column_blocks_zero_padded() -> None:
