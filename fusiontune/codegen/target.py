@@ -6,9 +6,10 @@ CPU that has 512-bit ones, because those cores once lowered their clock for 512-
 numba loop (a kernel's input copy, its epilogue, a depthwise conv, a pool) therefore ran 8 float32
 lanes where 16 fit. :func:`configure_target` takes the preference away before numba creates its
 code generator, so those loops use the whole register: on the 2-core Emerald Rapids VM, one
-thread, ResNet18's TorchScript export 0.249 -> 0.221 ms and MobileNetV3's 0.227 -> 0.199 (the
-others within 1%; the conv and MatMul micro-kernels, written in LLVM IR for the full width, are
-unchanged). AMD's cores have no such preference, and nothing changes there.
+thread, ResNet18's TorchScript export 0.249 -> 0.221 ms and MobileNetV3's 0.227 -> 0.199,
+SqueezeNet's 0.168 -> 0.173, the other three measured within 1% (two runs one after the other, not
+interleaved: numba fixes its features per process); the conv and MatMul micro-kernels, written in
+LLVM IR for the full width, are unchanged. AMD's cores have no such preference, and nothing changes there.
 
 numba reads its CPU name and features once, when its first compile or cache load creates the
 code generator, from ``numba.config.CPU_NAME`` / ``CPU_FEATURES`` (the ``NUMBA_CPU_NAME`` /
