@@ -25,6 +25,8 @@ lies inside it (the padding is never read).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fusiontune.codegen._window import Window, col_range, phase_copy, window_of
@@ -243,19 +245,13 @@ def _max_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
     (:func:`_chunk`; the positions whose window crosses into the next plane are computed and never
     read: every output's window lies inside its own plane). Per plane, the loops of a 7x7 plane
     were shorter than one vector."""
-    hw, w = win.h * win.w, win.w
+    w = win.w
     reach_h = (win.kw - 1) * win.dw  # hm's last position's reach past it
     reach_v = (win.kh - 1) * win.dh * w
     hexpr = _max_of([f"xf[{_ix(f'b + i + {kw * win.dw}')}]" for kw in range(win.kw)], dt)
     vexpr = _max_of([f"hm[{_ix(f'i + {kh * win.dh * w}')}]" for kh in range(win.kh)], dt)
-    units = win.n * win.c
-    chunk = _chunk(hw, per)
     return [
-        f"    xf = a0.reshape({units * hw})",
-        f"    for t in {prange}({-(-units // per)}):",
-        f"        hm = np.empty({chunk * hw}, dtype=np.{dt})",
-        f"        vm = np.empty({chunk * hw}, dtype=np.{dt})",
-        *_chunk_loop(per, units, chunk, hw),
+        *_chunk_loop(win, dt, prange, per, ("hm", "vm")),
         f"            for i in range(run - {reach_h}):",
         f"                hm[{_ix('i')}] = {hexpr}",
         f"            for i in range(run - {reach_h + reach_v}):",
@@ -276,10 +272,18 @@ def _chunk(hw: int, per: int) -> int:
     return max(1, min(per, POOL_RUN_CHUNK // hw))
 
 
-def _chunk_loop(per: int, units: int, chunk: int, hw: int) -> list[str]:
-    """Within task ``t``: its planes ``v0 .. v1`` a chunk at a time, ``b`` the chunk's first
-    element and ``run`` its length."""
+def _chunk_loop(win: Window, dt: str, prange: str, per: int, scratch: Sequence[str]) -> list[str]:
+    """The head of an in-place pool kernel: ``xf``, the input as one flat run; tasks ``t`` of
+    ``per`` planes, each allocating the ``scratch`` runs of one chunk (:func:`_chunk`); within a
+    task its planes ``v0 .. v1`` a chunk at a time, ``b`` the chunk's first element and ``run`` its
+    length."""
+    hw = win.h * win.w
+    units = win.n * win.c
+    chunk = _chunk(hw, per)
     return [
+        f"    xf = a0.reshape({units * hw})",
+        f"    for t in {prange}({-(-units // per)}):",
+        *[f"        {name} = np.empty({chunk * hw}, dtype=np.{dt})" for name in scratch],
         f"        t1 = min((t + 1) * {per}, {units})",
         f"        for v0 in range(t * {per}, t1, {chunk}):",
         f"            v1 = min(v0 + {chunk}, t1)",
@@ -324,17 +328,12 @@ def _average_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]
     """An AveragePool whose windows never leave the input, as :func:`_max_run_lines`: the taps
     summed in window order at every position of a chunk of a task's planes in one flat loop, each
     output then read at its window's corner and divided by the count."""
-    hw, w = win.h * win.w, win.w
+    w = win.w
     reach = (win.kh - 1) * win.dh * w + (win.kw - 1) * win.dw
     expr = " + ".join(f"xf[{_ix(f'b + i + {kh * win.dh * w + kw * win.dw}')}]"
                       for kh in range(win.kh) for kw in range(win.kw))
-    units = win.n * win.c
-    chunk = _chunk(hw, per)
     return [
-        f"    xf = a0.reshape({units * hw})",
-        f"    for t in {prange}({-(-units // per)}):",
-        f"        sm = np.empty({chunk * hw}, dtype=np.{dt})",
-        *_chunk_loop(per, units, chunk, hw),
+        *_chunk_loop(win, dt, prange, per, ("sm",)),
         f"            for i in range(run - {reach}):",
         f"                sm[{_ix('i')}] = {expr}",
         *_run_outputs(win, "sm[r + ow * {sw}] / (cnt_h[oh] * cnt_w[ow])"),

@@ -26,6 +26,7 @@ other's files "damaged".
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -72,8 +73,12 @@ def configure_target() -> bool:
     return True
 
 
+@functools.cache
 def target_tag() -> str:
-    """The CPU kernels are compiled for, as a folder name: ``<cpu name>-<hash of its features>``."""
+    """The CPU kernels are compiled for, as a folder name: ``<cpu name>-<hash of its features>``.
+
+    Computed once per process (128 us a call, and the kernel cache asks on every load): numba
+    fixes its target when its code generator is made, after :func:`configure_target` has run."""
     cfg = numba.config
     name = cfg.CPU_NAME or llvm.get_host_cpu_name()
     features = cfg.CPU_FEATURES if cfg.CPU_FEATURES is not None else _host_features()
