@@ -3,7 +3,8 @@ over weights packed at build time, or through BLAS (codegen/blas.py), with the f
 applied in cache.
 
 **Packed** (``matmul_algo="packed"``, the default wherever it applies, unless scipy's BLAS is an
-OpenBLAS running an AVX-512 sgemm (:func:`~fusiontune.codegen.blas.blas_has_avx512`): the right
+OpenBLAS running an AVX-512 sgemm (:func:`~fusiontune.codegen.blas.blas_has_avx512`), or the
+product one vector wide over many rows (:func:`packed_pays`): the right
 operand is a constant without batch dims, the reduction 16 to :data:`PACKED_MAX_K` long or the
 product small, the left operand not transposed). The weights are packed once, when the program is built
 (:func:`pack_matmul_weights`, a :class:`~fusiontune.codegen.common.Derived` argument), into column
@@ -240,8 +241,8 @@ def generate_contraction_kernel(
     parallel_rows = BC * MM * N * max(K, 1) >= PARALLEL_MIN_ELEMENTS * 8
     if algo not in ("", "packed", "blas"):
         raise NotFusable(f"matmul_algo {algo!r}: packed or blas")
-    if algo == "" and blas_has_avx512():
-        algo = "blas"  # OpenBLAS's AVX-512 sgemm: faster than the packed path (module docstring)
+    if algo == "" and (blas_has_avx512() or not packed_pays(MM, N, dtype)):
+        algo = "blas"  # OpenBLAS's AVX-512 sgemm (module docstring), or a product one vector wide
     if algo != "blas" and flat and b in low.arrays and b not in operand_reads and a != b and packed_applies(MM, N, K):
         uk = packed_block(MM, N, dtype)
         packed = Derived(f"{b}#mm{uk.nr}{'t' if tb else ''}", b, "fusiontune.codegen.contraction:pack_matmul_weights",
@@ -334,6 +335,24 @@ products twice as slow)."""
 PACKED_PANEL_ROWS = 256
 """At most this many rows per panel: a short reduction would otherwise make one panel of
 thousands of rows, and its product block would leave L2 before the epilogue reads it."""
+
+
+PACKED_ONE_VECTOR_ROWS = 64
+"""See :func:`packed_pays`."""
+
+
+def packed_pays(m: int, n: int, dtype: str) -> bool:
+    """Whether the default (no ``matmul_algo``) takes the packed path for an ``m``-row product of
+    ``n`` columns where it applies: not when the columns fit one vector register (16 float32 lanes
+    with AVX-512) over :data:`PACKED_ONE_VECTOR_ROWS` rows or more. The micro-kernel's block is
+    then one vector wide, a broadcast for every multiply-add, and 8 columns fill half of each
+    vector; over a few rows BLAS's cost per call dominates instead. On the 2-core AMD EPYC (Zen 5)
+    VM, one thread, OpenBLAS's AVX2 kernel, us of packed / BLAS, M x K x N with a bias,
+    interleaved: 512x32x8 8.7 / 5.0, 512x128x8 30.3 / 14.6, 512x32x16 9.8 / 8.5, 512x128x16 30.5 /
+    24.0, 96x128x16 6.5 / 5.5, 64x64x16 2.7 / 2.7, 48x64x16 2.1 / 2.2, 16x64x16 1.2 / 1.5,
+    2x1024x10 2.3 / 5.6; packed ahead from two vectors on (512x32x32 13.2 / 14.7, 512x128x32 39.3 /
+    42.6). A ``matmul_algo="packed"`` schedule still runs such a product packed."""
+    return n > microkernel.lanes(dtype) or m < PACKED_ONE_VECTOR_ROWS
 
 
 def packed_applies(m: int, n: int, k: int) -> bool:

@@ -111,6 +111,26 @@ def test_the_default_is_blas_where_openblas_runs_an_avx512_sgemm(monkeypatch: py
     assert "uk(" in forced.source
 
 
+@pytest.mark.parametrize(("batch", "m", "n", "packed"), [
+    ((4,), 128, microkernel.lanes("float32"), False),  # one vector of columns over 512 rows: BLAS
+    ((4,), 128, microkernel.lanes("float32") // 2, False),
+    ((), 8, microkernel.lanes("float32"), True),  # a few rows: BLAS's cost per call dominates
+    ((4,), 128, microkernel.lanes("float32") + 1, True),  # past one vector: packed
+])
+def test_the_default_runs_a_one_vector_wide_product_over_many_rows_on_blas(
+        monkeypatch: pytest.MonkeyPatch, batch: tuple[int, ...], m: int, n: int, packed: bool) -> None:
+    import fusiontune.codegen.contraction as contraction
+
+    monkeypatch.setattr(contraction, "blas_has_avx512", lambda: False)
+    graph = _graph(batch, m, 64, n, 0, "bias")
+    names = [node.name for node in graph.nodes]
+    assert ("uk(" in kernel_source(graph, names, {}).source) == packed
+    assert "uk(" in kernel_source(graph, names, {"matmul_algo": "packed"}).source
+    inputs = random_inputs(graph)
+    want = run_graph(graph, inputs, "float64")[graph.outputs[0]]
+    np.testing.assert_allclose(_program(graph).run(inputs)[graph.outputs[0]], want, rtol=1e-4, atol=1e-4)
+
+
 def test_openblas_names_its_kernel_family() -> None:
     """scipy's wheels bundle OpenBLAS: its kernel family for this CPU is readable, and the AVX-512
     families are the ones the default rule names."""
