@@ -80,6 +80,34 @@ def test_exp_approx_within_declared_relative_error() -> None:
     assert apply("exp_approx", np.array([0.0, -np.inf], F32)).tolist() == [1.0, 0.0]
 
 
+@pytest.mark.parametrize("ldexp", [True, False], ids=["llvm.ldexp", "exponent-bits"])
+def test_times_pow2_rounds_once_on_both_targets(monkeypatch: pytest.MonkeyPatch, ldexp: bool) -> None:
+    """exp's scale ``y * 2^n``, as llvm.ldexp (AVX-512) and as two exponent-bit products (elsewhere),
+    compiled in a vectorized loop: both equal the float64 product rounded once to float32, over
+    exp's whole range of n, subnormal, zero and inf results included."""
+    import numba
+
+    monkeypatch.setattr(numerics, "LDEXP_VECTORIZES", ldexp)
+
+    @numba.njit("void(float32[::1], int32[::1], float32[::1])", nogil=True, error_model="numpy")
+    def scale(y, n, out):  # type: ignore[no-untyped-def]
+        for i in range(y.size):
+            out[numba.uint64(i)] = numerics.times_pow2(y[numba.uint64(i)], n[numba.uint64(i)])
+
+    rng = np.random.default_rng(3)
+    n = np.repeat(np.arange(-150, 129, dtype=np.int32), 400)
+    y = rng.uniform(0.70, 1.42, n.size).astype(F32)  # exp(r) for |r| <= ln2 / 2
+    y[:3] = [np.nan, 1.0, 0.0]
+    out = np.empty_like(y)
+    scale(y, n, out)
+    with np.errstate(over="ignore"):
+        want = (y.astype(np.float64) * np.ldexp(1.0, n.astype(np.int64))).astype(F32)
+    np.testing.assert_array_equal(out, want)
+    assert np.isposinf(out).any() and (out == 0.0).any() and ((out > 0) & (out < TINY)).any()
+    asm = scale.inspect_asm(scale.signatures[0])
+    assert "vscalefps" in asm if ldexp and numerics._ldexp_vectorizes() else "vscalefps" not in asm
+
+
 def test_tanh_approx_within_declared_absolute_error() -> None:
     x = np.concatenate([_bits_sweep(97, hi=12.0), _grid(-9.0, 9.0, 1_000_001)])
     got, want = apply("tanh_approx", x), np.tanh(_as64(x))
