@@ -115,7 +115,7 @@ the same way, strided shapes only (us; direct / plane / packed; batch 1 unless `
 Plane wins every strided shape with 8x8 outputs or more (1.1x to 2.5x over direct), direct every
 one with 4x4 or fewer; at 7x7 (dw5x5 s2 672 @14, benchmarks/bench_conv.py) plane took 70 us, direct 213.
 
-``chan`` (channels-last, :func:`_chan_body`) was measured after them, the same way (us; direct /
+``chan`` (channels-last, then a numba loop nest) was measured after them, the same way (us; direct /
 plane / packed / chan, chan before its window-row statement at 1152 @7, 96 @16 and 48 @32; a
 Sigmoid epilogue for the corpus shapes, SiLU for EfficientNet-B0's at 224x224; n1 unless ``n2``):
 
@@ -156,11 +156,49 @@ packed / chan; ``@`` the input size):
     dw3x3   144 @4    10.7 /  9.1 / 19.9 /  7.3     dw3x3 s2 96 @8      7.6 /  8.3 / 39.0 /  7.9
     dw5x5   192 @4    22.4 / 14.0 / 32.6 / 15.0     dw3x3   288 @2      5.7 /  9.9 / 32.4 /  5.0
 
-So: ``chan`` from 4x4 to 6x6 outputs (:data:`CHAN_MIN_POSITIONS` to :data:`CHAN_MAX_POSITIONS`),
-``direct`` below, ``plane`` from 7x7 on. Over the 23 grouped convs of the corpus the rule's pick
-is the fastest on 18 and within 1.16x of it on the rest. onnxruntime is still 1.06x to 2.2x
-faster per layer, most at the small planes of EfficientNet-B0's last stages, where the copy into
-the phase planes and the epilogue's pass cost as much as the taps.
+So: ``chan`` from 4x4 to 6x6 outputs, ``direct`` below, ``plane`` from 7x7 on. Over the 23 grouped
+convs of the corpus the rule's pick was the fastest on 18 and within 1.16x of it on the rest.
+onnxruntime was still 1.06x to 2.2x faster per layer, most at the small planes of
+EfficientNet-B0's last stages, where the copy into the phase planes and the epilogue's pass cost
+as much as the taps.
+
+Then ``chan`` was rewritten around codegen/microkernel.py (:func:`_chan_body`): blocks of one
+vector of channels, weights packed when the program is built, the taps in a register-blocked
+LLVM IR micro-kernel (8 positions' accumulators in registers, one weight load per tap for them),
+and the copies in and out as 16x16 transposes in registers. Its numba loops had spent 20 of 35 us
+of dw5x5 480 @4 (batch 2) in the taps, each reloading weight, input and accumulator, and the
+rest copying one element at a time (masked vector gathers were no faster on Zen 5). Measured on
+the 2-core AMD EPYC (Zen 5), one thread, batch 2, bias + Relu epilogue, medians of 9 interleaved
+rounds (us; direct / plane / chan / onnxruntime's one-Conv session, its NCHWc reorders included):
+
+    dw7x7     8 @16   49.0 /  6.6 /  7.7 / 10.5     dw3x3   288 @2      4.5 /  8.9 /  4.2 /  6.1
+    dw7x7    16 @8    23.1 /  4.9 /  3.5 /  5.3     dw5x5   288 @2      4.5 / 12.9 /  4.6 /  6.3
+    dw7x7    32 @4     4.4 /  4.4 /  2.3 /  4.8     dw3x3 s2  8 @32     8.7 /  3.7 /  9.0 /  9.8
+    dw7x7    64 @2     1.4 /  4.8 /  2.5 /  4.8     dw3x3    24 @8      5.6 /  2.4 /  2.2 /  5.4
+    dw3x3     8 @32   36.4 /  5.9 / 13.3 / 14.1     dw5x5 s2 24 @8      3.8 /  2.5 /  1.9 /  5.2
+    dw5x5 s2 48 @16   48.0 / 10.2 /  7.8 /  8.4     dw3x3 s2 24 @16     6.1 /  4.4 /  3.6 /  6.6
+    dw3x3 s2 48 @32   50.7 / 18.2 / 22.6 / 20.9     dw5x5    32 @4      3.5 /  2.8 /  1.6 /  4.7
+    dw3x3 s2 96 @8     6.0 /  6.5 /  3.2 /  5.9     dw5x5    40 @4      4.3 /  3.3 /  1.9 /  5.0
+    dw3x3   144 @4    10.5 /  6.5 /  3.0 /  5.7     dw5x5    64 @4      6.6 /  5.1 /  2.1 /  5.1
+    dw5x5   144 @4    14.1 / 11.4 /  3.4 /  6.4     dw5x5 s2 72 @4      2.6 /  4.3 /  2.4 /  5.0
+    dw5x5   192 @4    18.9 / 14.1 /  5.3 /  7.3     dw5x5   144 @2      2.5 /  6.6 /  2.7 /  5.2
+    dw5x5 s2 192 @4    6.1 / 10.5 /  4.1 /  6.0
+
+(the 23 grouped convs of the corpus' TorchScript exports), and EfficientNet-B0's at 224x224:
+
+    dw3x3 s2  96 @32  101  / 39.0 / 40.6 / 42.7     dw5x5   240 @14   589 / 98.2 / 56.2 / 59.3
+    dw3x3     32 @32  144  / 21.6 / 42.7 / 31.5     dw3x3   480 @14   371 / 121  / 77.2 / 83.6
+    dw5x5 s2 144 @16  145  / 30.8 / 21.3 / 18.3     dw5x5 s2 672 @14  516 / 135  / 65.1 / 69.0
+    dw3x3    240 @8   55.5 / 19.9 / 14.4 / 13.4     dw5x5  1152 @7    749 / 171  / 71.5 / 68.6
+    dw5x5    480 @4   46.5 / 35.6 /  9.5 / 12.3     dw3x3   256 @28   882 / 155  / 156  / 155
+    dw5x5 s2 144 @56  875  / 217  / 218  / 233
+
+So now: ``chan`` from 4x4 to 15x15 outputs (:data:`CHAN_MIN_POSITIONS` to
+:data:`CHAN_MAX_POSITIONS`; from 2x2 strided, :data:`CHAN_MIN_STRIDED_POSITIONS`), ``direct``
+below, ``plane`` from 16x16 on. The pick is the fastest on 22 of the corpus' 23 (dw3x3 288 @2:
+direct 4.5, chan 4.2) and 1.08x to 3.35x faster than onnxruntime's session on each of them. The
+whole exports, one thread, two alternated runs each (us, before / after): EfficientNet-B0
+354 -> 332, MobileNetV3-small 110.9 -> 99.8, ConvNeXt-tiny 163.4 -> 158.5.
 
 Index arithmetic: an epilogue whose ops all vectorize (no libm call: ``math="approx"``, or no
 transcendental at all) casts its position indices to unsigned. numba wraps a negative signed
@@ -242,11 +280,16 @@ outputs (EfficientNet-B0's last stages, benchmarks/bench_conv.py) direct took 43
 1152 @7 against packed's 97, and 213 for dw5x5 s2 672 @14 against plane's 70."""
 CHAN_MIN_POSITIONS = 16
 """A depthwise conv (one channel per group) with at least this many output positions (4x4) and
-fewer than :data:`CHAN_MAX_POSITIONS` runs channels-last (the module docstring's last table); below
-it, direct (2x2 outputs: dw7x7 64 @2, direct 1.1 us, chan 2.2)."""
-CHAN_MAX_POSITIONS = 49
-"""...from 7x7 outputs on, plane (module docstring, the last table: dw5x5 1152 @7, plane 76 us
-against chan's 103; at 6x6, dw5x5 240 @6 n2, chan 46 against 56)."""
+fewer than :data:`CHAN_MAX_POSITIONS` runs channels-last, as does a strided one from
+:data:`CHAN_MIN_STRIDED_POSITIONS` on; below, direct (module docstring, the last table: dw5x5 288
+@2, 2x2 outputs, direct 4.6 us, chan 5.5; dw7x7 64 @2 1.5 against 2.2)."""
+CHAN_MIN_STRIDED_POSITIONS = 4
+"""See :data:`CHAN_MIN_POSITIONS`: a strided depthwise conv with 2x2 outputs runs chan (dw5x5 s2 192
+@4: chan 4.3 us, direct 6.2; dw5x5 s2 72 @4 2.1 against 2.7), where direct reads at the stride."""
+CHAN_MAX_POSITIONS = 256
+"""...from 16x16 outputs on, plane (module docstring, the last table: dw7x7 8 @16, 256 positions,
+plane 7.1 us against chan's 7.8; dw3x3 s2 48 @32 17.8 against 21.8; at 14x14, dw5x5 240 @14, chan 73
+against 96)."""
 
 
 AXPY_MAX_K = 16
@@ -282,12 +325,14 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
     per image (see the module docstring): ``packed``, except for a depthwise-like conv (several
     groups, a reduction shorter than :data:`DIRECT_MAX_K`) and a 1x1 conv with a short reduction.
     The depthwise-like one runs ``chan`` when it has one input and one output channel per group
-    and :data:`CHAN_MIN_POSITIONS` to :data:`CHAN_MAX_POSITIONS` outputs; else ``direct`` with
+    and :data:`CHAN_MIN_POSITIONS` (strided: :data:`CHAN_MIN_STRIDED_POSITIONS`) to
+    :data:`CHAN_MAX_POSITIONS` outputs; else ``direct`` with
     fewer than :data:`DIRECT_MAX_POSITIONS` output positions; else ``plane``, at any stride,
     kernel and plane size. The 1x1 one (not ``strided``, not ``padded``, no ``prologue``)
     runs ``axpy`` (:data:`AXPY_MAX_K`)."""
     if group > 1 and cg * kh * kw < DIRECT_MAX_K:
-        if cg == mg == 1 and CHAN_MIN_POSITIONS <= positions < CHAN_MAX_POSITIONS:
+        least = CHAN_MIN_STRIDED_POSITIONS if strided else CHAN_MIN_POSITIONS
+        if cg == mg == 1 and least <= positions < CHAN_MAX_POSITIONS:
             return "chan"
         if positions < DIRECT_MAX_POSITIONS:
             return "direct"
@@ -644,8 +689,17 @@ def generate_conv_kernel(
         lines += _plane_body(win, group, CG, MG, dtype, ax, aw, body, parallel, tail)
         imports = []
     elif algo == "chan":
-        lines += _chan_body(win, group, dtype, ax, aw, body, parallel, tail)
-        imports = []
+        if w in low.arrays and w not in operand_reads:  # a constant: packed once when the program is built
+            lanes = microkernel.lanes(dtype)
+            packed = Derived(f"{w}#chan{lanes}", w, "fusiontune.codegen.conv:pack_depthwise", (lanes,))
+            derived = (packed,)
+            blocks = (-(-group // lanes), win.kh * win.kw, lanes)
+            args = [ArgSpec(packed.value, blocks, dtype, "in") if a.value == w else a for a in args]
+            lines[0] = decorator(args, parallel=parallel, reassoc=False)
+        lines += _chan_body(win, group, dtype, ax, aw, body, parallel, tail, bool(derived))
+        # imported by its full name, so that the kernel cache key covers microkernel.py
+        imports = ["from fusiontune.codegen.microkernel import depthwise, transposes",
+                   f"dwk = depthwise({dtype!r})", f"dw_in, dw_out = transposes({dtype!r})"]
     elif algo == "axpy":
         # multiply-adds, as the micro-kernel's: half the instructions of a product and a sum
         lines[0] = decorator(args, parallel=parallel, reassoc=False, contract=True)
@@ -1124,68 +1178,97 @@ def _plane_row_copy(win: Window, wg: int, ax: str) -> list[str]:
     return lines
 
 
-CHAN_LANES = 16
-"""Channels a chan task holds at least (one float32 vector of a 512-bit machine)."""
+def pack_depthwise(w: np.ndarray, lanes: int) -> np.ndarray:
+    """Depthwise conv weights (C, 1, kernel...) packed for the depthwise micro-kernel: (C in blocks of
+    ``lanes`` channels, tap, channel in block); channels past C zero."""
+    c = w.shape[0]
+    taps = int(np.prod(w.shape[2:]))
+    nb = -(-c // lanes)
+    wp = np.zeros((nb * lanes, taps), dtype=w.dtype)
+    wp[:c] = w.reshape(c, taps)
+    return np.ascontiguousarray(wp.reshape(nb, lanes, taps).transpose(0, 2, 1))
 
 
 def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequence[str],
-               parallel: bool, tail: Tail | None = None) -> list[str]:
-    """A depthwise conv (one input and one output channel per group) channels-last: one unit per
-    (image, run of channels). The unit copies its channels' input planes into a zero-padded
-    (position, channel) scratch and its weights into a (tap, channel) one, then for every output
-    position and tap adds ``w[tap, :] * x[position + tap offset, :]`` to the position's row of
-    channels: one vectorized loop over the channels, however few positions the plane has. Then the
-    epilogue runs per channel over its positions. This is the layout of onnxruntime's NCHWc
-    depthwise kernels, transposed in and out inside the kernel."""
+               parallel: bool, tail: Tail | None = None, packed: bool = False) -> list[str]:
+    """A depthwise conv (one input and one output channel per group) channels-last, in blocks of
+    ``VW`` channels (one vector register: 16 float32 lanes with AVX-512), the layout of
+    onnxruntime's NCHWc depthwise kernels: one unit per (image, run of blocks). For each block the
+    unit copies the channels' input planes into a zero-padded (position, channel) scratch (its
+    border, zeroed once per unit, stays zero), then codegen/microkernel.py's depthwise micro-kernel
+    computes every output position of the block: :data:`~fusiontune.codegen.microkernel.DEPTHWISE_ROWS`
+    positions at a time in vector registers, each tap's weight vector loaded once for them all.
+    Then the epilogue runs per channel: its column of the block's result is gathered into a
+    contiguous row, and the epilogue runs over that row and writes the channel's outputs as one
+    run, which LLVM vectorizes.
+
+    ``packed``: the weights arrive packed (a build-time :class:`~fusiontune.codegen.common.Derived`
+    of :func:`pack_depthwise`); else they are an input, packed on entry.
+    """
+    vw = microkernel.lanes(dtype)
+    rows = microkernel.DEPTHWISE_ROWS
     hp, wp = win.hp, win.wp
     taps = win.kh * win.kw
     positions = win.oh * win.ow
+    pp = -(-positions // rows) * rows
+    nb = -(-group // vw)
     threads = task_threads(parallel)
-    nck = max(1, min(group // CHAN_LANES, -(-2 * threads // win.n)))  # runs of channels per image
-    ch = -(-group // nck)
+    nck = max(1, min(nb, -(-2 * threads // win.n)))  # runs of blocks per image
+    bpt = -(-nb // nck)
     prange = "numba.prange" if parallel else "range"
-    # A window row's taps in one statement: the position's accumulators are loaded and stored once
-    # per window row, not once per tap (dw5x5 s2 672 @14: 62 -> 54 us; dw3x3 144 @4 n2: 9.2 -> 7.6).
-    # Whole windows of 3x3 in one statement made no difference.
-    row_sum = " + ".join(f"wt[k + {kw}, j] * xt[r + {kw * win.dw}, j]" for kw in range(win.kw))
+    wk = aw
+    ldt = -(-positions // vw) * vw
+    lines = [
+        f"    dst = np.empty({win.h * win.w}, dtype=np.int64)",
+        f"    for ih in range({win.h}):",
+        f"        for iw in range({win.w}):",
+        f"            dst[ih * {win.w} + iw] = ((ih + {win.ph}) * {wp} + {win.pw} + iw) * {vw}",
+        f"    po = np.zeros({pp}, dtype=np.int64)",
+        f"    for oh in range({win.oh}):",
+        f"        for ow in range({win.ow}):",
+        f"            po[oh * {win.ow} + ow] = (oh * {win.sh * wp} + ow * {win.sw}) * {vw}",
+        f"    so = np.empty({taps}, dtype=np.int64)",
+        f"    for kh in range({win.kh}):",
+        f"        for kw in range({win.kw}):",
+        f"            so[kh * {win.kw} + kw] = (kh * {win.dh * wp} + kw * {win.dw}) * {vw}",
+    ]
+    if not packed:
+        wk = "wpk"
+        lines += [
+            f"    wpk = np.zeros(({nb}, {taps}, {vw}), dtype=np.{dtype})",
+            f"    for c in range({group}):",
+            f"        for kh in range({win.kh}):",
+            f"            for kw in range({win.kw}):",
+            f"                wpk[c // {vw}, kh * {win.kw} + kw, c % {vw}] = {aw}[c, 0, kh, kw]",
+        ]
     # Trip counts from a run time value (module docstring, "Index arithmetic"): a loop of a small
     # constant count is unrolled before the vectorizer sees it.
-    return [
+    lines += [
+        f"    nq = ow_n * {win.oh}",
         f"    for t in {prange}({win.n * nck}):",
         f"        n = t // {nck}",
-        f"        c0 = (t % {nck}) * {ch}",
-        f"        c1 = min(c0 + {ch}, {group})",
-        "        cw = c1 - c0",
-        f"        xt = np.zeros(({hp * wp}, {ch}), dtype=np.{dtype})",
-        f"        wt = np.empty(({taps}, {ch}), dtype=np.{dtype})",
-        f"        at = np.zeros(({positions}, {ch}), dtype=np.{dtype})",
-        "        for c in range(c0, c1):",
-        "            j = c - c0",
-        f"            for kh in range({win.kh}):",
-        f"                for kw in range({win.kw}):",
-        f"                    wt[kh * {win.kw} + kw, j] = {aw}[c, 0, kh, kw]",
-        f"            for ih in range({win.h}):",
-        f"                r = (ih + {win.ph}) * {wp} + {win.pw}",
-        f"                for iw in range({win.w}):",
-        f"                    xt[r + iw, j] = {ax}[n, c, ih, iw]",
-        f"        for oh in range({win.oh}):",
-        "            for ow in range(ow_n):",
-        "                arow = at[oh * ow_n + ow]",
-        f"                for kh in range({win.kh}):",
-        f"                    r = (oh * {win.sh} + kh * {win.dh}) * {wp} + ow * {win.sw}",
-        f"                    k = kh * {win.kw}",
-        "                    for j in range(cw):",
-        f"                        arow[j] += {row_sum}",
-        "        for c in range(c0, c1):",
-        "            m = c",
-        "            j = c - c0",
-        f"            for q in range({positions}):",
-        f"                p = {_ix('q')}",
-        "                acc = at[q, j]",
-        *_epilogue_lines(body if tail is None else tail.head, "                "),
-        *([] if tail is None else _tail_loop(tail, f"(n * {group} + c0) * {positions}",
-                                             f"(n * {group} + c1) * {positions}")),
+        f"        b0 = (t % {nck}) * {bpt}",
+        f"        b1 = min(b0 + {bpt}, {nb})",
+        f"        xt = np.zeros({hp * wp * vw}, dtype=np.{dtype})",
+        f"        at = np.empty({max(pp, ldt) * vw}, dtype=np.{dtype})",  # dw_out reads ldt rows
+        f"        tile = np.empty(({vw}, {ldt}), dtype=np.{dtype})",
+        "        for b in range(b0, b1):",
+        f"            c0 = b * {vw}",
+        f"            cw = min({vw}, {group} - c0)",
+        f"            dw_in({win.h * win.w}, {ax}[n, c0].ctypes.data, {win.h * win.w}, cw, dst.ctypes.data, xt.ctypes.data)",
+        f"            dwk({pp}, xt.ctypes.data, po.ctypes.data, so.ctypes.data, {taps}, {wk}[b].ctypes.data, at.ctypes.data)",
+        f"            dw_out({positions}, at.ctypes.data, cw, tile.ctypes.data, {ldt})",
+        "            for j in range(cw):",
+        "                m = c0 + j",
+        "                tj = tile[j]",
+        "                for q in range(nq):",
+        f"                    p = {_ix('q')}",
+        "                    acc = tj[p]",
+        *_epilogue_lines(body if tail is None else tail.head, "                    "),
+        *([] if tail is None else _tail_loop(tail, f"(n * {group} + b0 * {vw}) * {positions}",
+                                             f"(n * {group} + min(b1 * {vw}, {group})) * {positions}")),
     ]
+    return lines
 
 
 @dataclass(frozen=True)

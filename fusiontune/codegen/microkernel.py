@@ -265,6 +265,240 @@ def dispatcher(dtype: str) -> types.ExternalFunction:
     return types.ExternalFunction(dispatcher_symbol(dtype), types.void(*([types.intp] * 12)))
 
 
+DEPTHWISE_ROWS = 8
+"""Output positions the depthwise micro-kernel keeps in registers at once (:func:`depthwise`)."""
+
+
+def depthwise_symbol(dtype: str) -> str:
+    """The symbol of ``dtype``'s depthwise micro-kernel (:func:`depthwise`)."""
+    return f"fusiontune_dwk_{dtype}_{lanes(dtype)}"
+
+
+def _depthwise_ir(dtype: str) -> str:
+    """LLVM IR of the depthwise micro-kernel (:func:`depthwise`)."""
+    t = _LLVM_TYPE[dtype]
+    vw = lanes(dtype)
+    vt = f"<{vw} x {t}>"
+    rows = range(DEPTHWISE_ROWS)
+    fma = f"@llvm.fma.v{vw}f{32 if t == 'float' else 64}"
+    out = [
+        f"define void @{depthwise_symbol(dtype)}(i64 %P, i64 %X, i64 %po, i64 %so, i64 %ntaps, i64 %W, i64 %Y) #0 {{",
+        "entry:",
+        "  %px = inttoptr i64 %X to ptr",
+        "  %ppo = inttoptr i64 %po to ptr",
+        "  %pso = inttoptr i64 %so to ptr",
+        "  %pw = inttoptr i64 %W to ptr",
+        "  %py = inttoptr i64 %Y to ptr",
+        "  br label %blk",
+        "blk:",
+        "  %p = phi i64 [0, %entry], [%p1, %bend]",
+    ]
+    for r in rows:
+        out += [f"  %pr_{r} = add i64 %p, {r}",
+                f"  %pop_{r} = getelementptr i64, ptr %ppo, i64 %pr_{r}",
+                f"  %o_{r} = load i64, ptr %pop_{r}, align 8"]
+    out += ["  br label %tap", "tap:", "  %t = phi i64 [0, %blk], [%t1, %tap]"]
+    out += [f"  %a_{r} = phi {vt} [zeroinitializer, %blk], [%an_{r}, %tap]" for r in rows]
+    out += [
+        "  %sop = getelementptr i64, ptr %pso, i64 %t",
+        "  %st = load i64, ptr %sop, align 8",
+        f"  %wo = mul i64 %t, {vw}",
+        f"  %pwt = getelementptr {t}, ptr %pw, i64 %wo",
+        f"  %w = load {vt}, ptr %pwt, align 4",
+    ]
+    for r in rows:
+        out += [f"  %i_{r} = add i64 %o_{r}, %st",
+                f"  %pxr_{r} = getelementptr {t}, ptr %px, i64 %i_{r}",
+                f"  %x_{r} = load {vt}, ptr %pxr_{r}, align 4",
+                f"  %an_{r} = call {vt} {fma}({vt} %w, {vt} %x_{r}, {vt} %a_{r})"]
+    out += ["  %t1 = add i64 %t, 1",
+            "  %tmore = icmp slt i64 %t1, %ntaps",
+            "  br i1 %tmore, label %tap, label %bend",
+            "bend:"]
+    for r in rows:
+        out += [f"  %yo_{r} = mul i64 %pr_{r}, {vw}",
+                f"  %pyr_{r} = getelementptr {t}, ptr %py, i64 %yo_{r}",
+                f"  store {vt} %an_{r}, ptr %pyr_{r}, align 4"]
+    out += [f"  %p1 = add i64 %p, {DEPTHWISE_ROWS}",
+            "  %pmore = icmp slt i64 %p1, %P",
+            "  br i1 %pmore, label %blk, label %done",
+            "done:",
+            "  ret void",
+            "}"]
+    return "\n".join(out) + "\n" + _ir_declarations(dtype)
+
+
+@functools.cache
+def depthwise(dtype: str) -> types.ExternalFunction:
+    """The depthwise (channels-last) micro-kernel of ``dtype``, compiled once per process::
+
+        dwk(P, X, po, so, ntaps, W, Y)
+
+    computes, for output positions ``p < P`` (``P`` a multiple of :data:`DEPTHWISE_ROWS`) and the
+    ``VW`` channels of one block (``j < VW``)::
+
+        Y[p * VW + j] = sum over t < ntaps of W[t * VW + j] * X[po[p] + so[t] + j]
+
+    ``X`` is a zero-padded input of one block of channels laid out (position, channel in block),
+    ``po`` (``P`` int64) the element offset of each output position's window and ``so`` (``ntaps``
+    int64) each tap's offset within it (the stride and dilation are in them), ``W`` the block's
+    weights (tap, channel in block). :data:`DEPTHWISE_ROWS` positions are computed together: the
+    tap's weight vector is loaded once for all of them, one input vector per multiply-add (numba's
+    loops over the channels of a position reloaded both, and the accumulator, every tap).
+    """
+    _jit(_depthwise_ir(dtype), depthwise_symbol(dtype))
+    return types.ExternalFunction(depthwise_symbol(dtype), types.void(*([types.intp] * 7)))
+
+
+def transpose_symbols(dtype: str) -> tuple[str, str]:
+    """The symbols of ``dtype``'s channels-last copies in and out (:func:`transposes`)."""
+    return f"fusiontune_dwin_{dtype}_{lanes(dtype)}", f"fusiontune_dwout_{dtype}_{lanes(dtype)}"
+
+
+def _transpose_lines(vt: str, vw: int, rows: list[str], tag: str) -> tuple[list[str], list[str]]:
+    """IR that transposes ``vw`` vectors of ``vw`` lanes (``rows[i][k]`` -> ``out[k][i]``): log2(vw)
+    rounds of ``vw`` two-vector shuffles with constant masks; the round of half-width ``h`` swaps
+    the off-diagonal ``h x h`` blocks of each pair of rows ``h`` apart."""
+    lines: list[str] = []
+    cur = list(rows)
+    h, rnd = vw // 2, 0
+    while h >= 1:
+        nxt = list(cur)
+        for i in range(vw):
+            if i & h:
+                continue
+            lo = [k if not k & h else vw + k - h for k in range(vw)]  # A[k] | B[k - h]
+            hi = [k + h if not k & h else vw + k for k in range(vw)]  # A[k + h] | B[k]
+            for dst, mask in ((i, lo), (i + h, hi)):
+                name = f"%{tag}{rnd}_{dst}"
+                m = "<" + ", ".join(f"i32 {v}" for v in mask) + ">"
+                lines.append(f"  {name} = shufflevector {vt} {cur[i]}, {vt} {cur[i + h]}, <{vw} x i32> {m}")
+                nxt[dst] = name
+        cur, h, rnd = nxt, h // 2, rnd + 1
+    return lines, cur
+
+
+def _transpose_ir(dtype: str) -> str:
+    """LLVM IR of the two copies of :func:`transposes`: ``VW x VW`` tiles transposed in registers."""
+    t = _LLVM_TYPE[dtype]
+    vw = lanes(dtype)
+    vt, it, mt = f"<{vw} x {t}>", f"<{vw} x i64>", f"<{vw} x i1>"
+    bits = 32 if t == "float" else 64
+    mload = f"@llvm.masked.load.v{vw}f{bits}.p0"
+    iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
+    sym_in, sym_out = transpose_symbols(dtype)
+    lanes_ = range(vw)
+
+    out = [
+        # XT[dst[q] + j] = X[j * cs + q] for q < n, j < VW (0 past cw)
+        f"define void @{sym_in}(i64 %n, i64 %X, i64 %cs, i64 %cw, i64 %dst, i64 %XT) #0 {{",
+        "entry:",
+        "  %px = inttoptr i64 %X to ptr",
+        "  %pd = inttoptr i64 %dst to ptr",
+        "  %pt = inttoptr i64 %XT to ptr",
+        f"  %nvi = insertelement {it} poison, i64 %n, i32 0",
+        f"  %nv = shufflevector {it} %nvi, {it} poison, <{vw} x i32> zeroinitializer",
+        "  br label %chunk",
+        "chunk:",
+        "  %q0 = phi i64 [0, %entry], [%q1, %next]",
+        f"  %qvi = insertelement {it} poison, i64 %q0, i32 0",
+        f"  %qv = shufflevector {it} %qvi, {it} poison, <{vw} x i32> zeroinitializer",
+        f"  %qk = add {it} %qv, {iota}",
+        f"  %pm = icmp slt {it} %qk, %nv",
+    ]
+    rows = []
+    for j in lanes_:
+        out += [f"  %on{j} = icmp slt i64 {j}, %cw",
+                f"  %mj{j} = select i1 %on{j}, {mt} %pm, {mt} zeroinitializer",
+                f"  %ro{j} = mul i64 %cs, {j}",
+                f"  %ra{j} = add i64 %ro{j}, %q0",
+                f"  %rp{j} = getelementptr {t}, ptr %px, i64 %ra{j}",
+                f"  %r{j} = call {vt} {mload}(ptr %rp{j}, i32 4, {mt} %mj{j}, {vt} zeroinitializer)"]
+        rows.append(f"%r{j}")
+    tl, cols = _transpose_lines(vt, vw, rows, "ti")
+    out += tl
+    out += ["  %left = sub i64 %n, %q0", "  br label %s0"]
+    for i in lanes_:
+        out += [f"s{i}:",
+                f"  %sv{i} = icmp sgt i64 %left, {i}",
+                f"  br i1 %sv{i}, label %w{i}, label %next",
+                f"w{i}:",
+                f"  %qi{i} = add i64 %q0, {i}",
+                f"  %dp{i} = getelementptr i64, ptr %pd, i64 %qi{i}",
+                f"  %d{i} = load i64, ptr %dp{i}, align 8",
+                f"  %tp{i} = getelementptr {t}, ptr %pt, i64 %d{i}",
+                f"  store {vt} {cols[i]}, ptr %tp{i}, align 4",
+                f"  br label %{'s' + str(i + 1) if i + 1 < vw else 'next'}"]
+    out += ["next:",
+            f"  %q1 = add i64 %q0, {vw}",
+            "  %more = icmp slt i64 %q1, %n",
+            "  br i1 %more, label %chunk, label %done",
+            "done:",
+            "  ret void",
+            "}"]
+    # T[j * ldt + q] = Y[q * VW + j] for j < cw, q < P rounded up to VW (Y holds those rows)
+    out += [
+        f"define void @{sym_out}(i64 %P, i64 %Y, i64 %cw, i64 %T, i64 %ldt) #0 {{",
+        "entry:",
+        "  %py = inttoptr i64 %Y to ptr",
+        "  %pt = inttoptr i64 %T to ptr",
+        "  br label %chunk",
+        "chunk:",
+        "  %q0 = phi i64 [0, %entry], [%q1, %next]",
+    ]
+    rows = []
+    for i in lanes_:
+        out += [f"  %yo{i} = add i64 %q0, {i}",
+                f"  %ye{i} = mul i64 %yo{i}, {vw}",
+                f"  %yp{i} = getelementptr {t}, ptr %py, i64 %ye{i}",
+                f"  %y{i} = load {vt}, ptr %yp{i}, align 4"]
+        rows.append(f"%y{i}")
+    tl, cols = _transpose_lines(vt, vw, rows, "to")
+    out += tl + ["  br label %s0"]
+    for j in lanes_:
+        out += [f"s{j}:",
+                f"  %sv{j} = icmp sgt i64 %cw, {j}",
+                f"  br i1 %sv{j}, label %w{j}, label %next",
+                f"w{j}:",
+                f"  %to{j} = mul i64 %ldt, {j}",
+                f"  %ta{j} = add i64 %to{j}, %q0",
+                f"  %tp{j} = getelementptr {t}, ptr %pt, i64 %ta{j}",
+                f"  store {vt} {cols[j]}, ptr %tp{j}, align 4",
+                f"  br label %{'s' + str(j + 1) if j + 1 < vw else 'next'}"]
+    out += ["next:",
+            f"  %q1 = add i64 %q0, {vw}",
+            "  %more = icmp slt i64 %q1, %P",
+            "  br i1 %more, label %chunk, label %done",
+            "done:",
+            "  ret void",
+            "}",
+            f"declare {vt} {mload}(ptr, i32, {mt}, {vt})",
+            'attributes #0 = { nounwind "frame-pointer"="none" }']
+    return "\n".join(out) + "\n"
+
+
+@functools.cache
+def transposes(dtype: str) -> tuple[types.ExternalFunction, types.ExternalFunction]:
+    """The channels-last depthwise kernel's copies in and out of a block of ``VW`` channels, as
+    ``VW x VW`` tiles transposed in vector registers (numba's loops copied one element at a time;
+    masked vector gathers were no faster on Zen 5), compiled once per process::
+
+        dw_in(n, X, cs, cw, dst, XT)    # XT[dst[q] + j] = X[j * cs + q], q < n, j < VW (0 past cw)
+        dw_out(P, Y, cw, T, ldt)        # T[j * ldt + q] = Y[q * VW + j], j < cw, q < P
+
+    ``dw_in`` reads ``cw`` channel planes ``cs`` apart (NCHW) into the (position, channel) scratch,
+    ``dst`` (``n`` int64) giving each input position's place there; ``dw_out`` turns the block's
+    (position, channel) result into one row per channel, rows ``ldt`` apart, ``ldt`` at least
+    ``P`` rounded up to ``VW`` (whole vectors are stored), and ``Y`` holding that many rows. Both
+    need ``n``, ``P`` and ``cw`` of at least 1.
+    """
+    sym_in, sym_out = transpose_symbols(dtype)
+    _jit(_transpose_ir(dtype), sym_in)
+    llvm.add_symbol(sym_out, _ENGINES[-1].get_function_address(sym_out))  # type: ignore[attr-defined]
+    return (types.ExternalFunction(sym_in, types.void(*([types.intp] * 6))),
+            types.ExternalFunction(sym_out, types.void(*([types.intp] * 5))))
+
+
 def block_index(s: Shape) -> int:
     """``s``'s ``which`` for :func:`dispatcher`."""
     return blocks().index((s.mr, s.nv))

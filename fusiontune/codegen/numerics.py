@@ -33,13 +33,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import llvmlite.binding as llvm
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from fusiontune.codegen.target import target_features
 
 NUMERICS_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 """A short hash of this file's source; generated kernels that call into it quote it."""
@@ -101,14 +102,8 @@ def _ldexp_vectorizes() -> bool:
     """Whether the target numba compiles for has AVX-512F, where LLVM turns a loop's ``llvm.ldexp``
     into ``vscalefps`` (one instruction per 16 lanes). Without it the vectorized ``llvm.ldexp``
     becomes a libm ``ldexpf`` call per lane. A CPU name forced without features counts as without."""
-    cfg = numba.config
-    if cfg.CPU_FEATURES is not None:
-        features = cfg.CPU_FEATURES
-    elif cfg.CPU_NAME is None:
-        features = str(llvm.get_host_cpu_features().flatten())
-    else:
-        return False
-    return "+avx512f" in features.split(",")
+    features = target_features()
+    return features is not None and "avx512f" in features
 
 
 LDEXP_VECTORIZES = _ldexp_vectorizes()

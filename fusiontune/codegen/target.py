@@ -73,6 +73,19 @@ def configure_target() -> bool:
     return True
 
 
+def target_features() -> frozenset[str] | None:
+    """The CPU features numba compiles for (``avx512f``...), or None when a CPU name was forced
+    without features (its features are LLVM's for that name, not known here)."""
+    cfg = numba.config
+    if cfg.CPU_FEATURES is not None:
+        features = cfg.CPU_FEATURES
+    elif cfg.CPU_NAME is None:
+        features = _host_features()
+    else:
+        return None
+    return frozenset(f[1:] for f in features.split(",") if f.startswith("+"))
+
+
 @functools.cache
 def target_tag() -> str:
     """The CPU kernels are compiled for, as a folder name: ``<cpu name>-<hash of its features>``.

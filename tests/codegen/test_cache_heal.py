@@ -258,9 +258,11 @@ def test_key_covers_the_fusiontune_helpers_a_kernel_imports(
         0,
         0,
     )
-    # the sigmoid calls numerics' exp_f32 (the default math)
-    assert helper_modules(blas.source) == ("fusiontune.codegen.blas", "fusiontune.codegen.numerics")
-    assert helper_modules(src.source) == ("fusiontune.codegen.numerics",)
+    # the sigmoid calls numerics' exp_f32 (the default math); numerics reads the compile target's
+    # features (its exp scale), so target.py is in the key too
+    assert helper_modules(blas.source) == ("fusiontune.codegen.blas", "fusiontune.codegen.numerics",
+                                           "fusiontune.codegen.target")
+    assert helper_modules(src.source) == ("fusiontune.codegen.numerics", "fusiontune.codegen.target")
     plain = KernelSource(src.name, src.source.replace("from fusiontune.codegen.numerics import exp_f32\n", ""),
                          src.args, src.kind, 0, 0)
     assert helper_modules(plain.source) == ()

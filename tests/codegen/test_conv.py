@@ -96,6 +96,24 @@ def test_plane_kernel_copies_rows_of_a_vector_and_more(xs: tuple[int, ...], ws: 
     _check(_graph(lambda g: g.op("Conv", g.input("x", xs), _const(g, ws, 1), **attrs)), {"conv_algo": "plane"})
 
 
+@pytest.mark.parametrize(("xs", "k", "strides"), [((2, 20, 5, 6), 3, (1, 1)), ((1, 37, 9, 9), 5, (2, 2))])
+def test_chan_kernel_packs_weights_that_are_an_input(xs: tuple[int, ...], k: int, strides: tuple[int, int]) -> None:
+    """Weights that are a graph input (a training step's) are packed into the micro-kernel's
+    blocks on entry; constant ones are packed once when the program is built (the grid above).
+    20 and 37 channels: a partial last block of 16 lanes."""
+    c = xs[1]
+
+    def build(g: GraphBuilder) -> Tensor:
+        y = g.op("Conv", g.input("x", xs), g.input("w", (c, 1, k, k)), group=c, strides=strides,
+                 pads=(k // 2,) * 4)
+        return g.relu(y)
+
+    graph = _graph(build)
+    src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "chan"})
+    assert not src.derived and "wpk = np.zeros" in src.source
+    _check(graph, {"conv_algo": "chan"})
+
+
 def test_im2col_row_blocks_of_one_row_match_reference() -> None:
     """``conv_rows`` (ConvOutputSplitFusionPass) cuts the output into more, smaller blocks."""
     graph = _graph(lambda g: g.relu(g.op("Conv", g.input("x", (1, 3, 7, 6)), _const(g, (4, 3, 3, 3), 1), pads=(1, 1, 1, 1))))
@@ -251,10 +269,13 @@ def test_conv_algo_rule_packed_but_direct_plane_or_chan_for_depthwise() -> None:
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=784) == "plane"  # 28x28
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=12544) == "plane"  # 112x112
     assert choose_conv_algo(1, 1, 5, 5, group=32, positions=256) == "plane"  # 5x5 @16
-    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=49) == "plane"  # 5x5 @7
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=196) == "chan"  # 5x5 @14
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=49) == "chan"  # 5x5 @7
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=16) == "chan"  # depthwise, 4x4 output
     assert choose_conv_algo(1, 1, 5, 5, group=32, positions=36) == "chan"  # 6x6
     assert choose_conv_algo(1, 1, 7, 7, group=32, positions=4) == "direct"  # 7x7, 2x2 output
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=4, strided=True) == "chan"  # s2, 2x2 output
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=1, strided=True) == "direct"  # s2, 1x1 output
     assert choose_conv_algo(2, 2, 3, 3, group=32, positions=16) == "direct"  # two channels per group, 4x4
     assert choose_conv_algo(2, 2, 3, 3, group=32, positions=64) == "plane"  # two per group
     assert choose_conv_algo(64, 64, 3, 3) == "packed"

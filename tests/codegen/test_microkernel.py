@@ -105,3 +105,63 @@ def test_pack_weights_layout() -> None:
     g, m, c, i, j = 1, 2, 1, 1, 0
     assert p[g, m // 4, i * 2 + j, c, m % 4] == w[g * 5 + m, c, i, j]
     assert (p[:, 1, :, :, 1:] == 0).all()  # channels 5..7 of each group's second block
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_depthwise_microkernel_matches_numpy(dtype: str) -> None:
+    """``Y[p, :] = sum_t W[t, :] * X[po[p] + so[t] : ... + VW]`` over 24 positions (3 register blocks)
+    and 9 taps, at offsets of a stride-2 window over a padded grid."""
+    dwk = microkernel.depthwise(dtype)
+    vw = microkernel.lanes(dtype)
+
+    @numba.njit
+    def call(p, x, po, so, ntaps, w, y):  # type: ignore[no-untyped-def]
+        dwk(p, x.ctypes.data, po.ctypes.data, so.ctypes.data, ntaps, w.ctypes.data, y.ctypes.data)
+
+    rng = np.random.default_rng(0)
+    wp, rows = 13, microkernel.DEPTHWISE_ROWS
+    p = 3 * rows
+    po = np.array([(2 * (q // 6) * wp + 2 * (q % 6)) * vw for q in range(p)], dtype=np.int64)
+    so = np.array([(kh * wp + kw) * vw for kh in range(3) for kw in range(3)], dtype=np.int64)
+    x = rng.standard_normal(13 * wp * vw).astype(dtype)
+    w = rng.standard_normal((9, vw)).astype(dtype)
+    y = np.full((p, vw), np.nan, dtype=dtype)
+    call(p, x, po, so, 9, w, y)
+    want = np.stack([sum(w[t] * x[po[q] + so[t]:po[q] + so[t] + vw] for t in range(9)) for q in range(p)])
+    np.testing.assert_allclose(y, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("n", "cw"), [(16, 16), (21, 5), (64, 16), (3, 1), (49, 13)])
+def test_channels_last_transposes_match_numpy(dtype: str, n: int, cw: int) -> None:
+    """dw_in scatters ``cw`` channel planes into (position, channel) rows at ``dst`` (lanes past ``cw``
+    zero); dw_out turns (position, channel) rows into one row per channel. Partial tiles at both
+    ends: ``n`` not a multiple of the lanes, fewer channels than lanes."""
+    dw_in, dw_out = microkernel.transposes(dtype)
+    vw = microkernel.lanes(dtype)
+
+    @numba.njit
+    def tin(n, x, cs, cw, dst, xt):  # type: ignore[no-untyped-def]
+        dw_in(n, x.ctypes.data, cs, cw, dst.ctypes.data, xt.ctypes.data)
+
+    @numba.njit
+    def tout(p, y, cw, t, ldt):  # type: ignore[no-untyped-def]
+        dw_out(p, y.ctypes.data, cw, t.ctypes.data, ldt)
+
+    cw = min(cw, vw)
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((cw, n)).astype(dtype)
+    dst = (np.arange(n) * 2 * vw + vw).astype(np.int64)
+    xt = np.full(int(dst.max()) + 2 * vw, 7, dtype=dtype)
+    tin(n, x, n, cw, dst, xt)
+    lanes = np.zeros((vw, n), dtype=dtype)
+    lanes[:cw] = x
+    for q in range(n):
+        np.testing.assert_array_equal(xt[dst[q]:dst[q] + vw], lanes[:, q])
+    assert np.all(xt[:vw] == 7)  # nothing written outside the rows named
+    ldt = -(-n // vw) * vw
+    y = rng.standard_normal((ldt, vw)).astype(dtype)
+    t = np.full((vw, ldt), 7, dtype=dtype)
+    tout(n, y, cw, t, ldt)
+    np.testing.assert_array_equal(t[:cw, :n], y[:n, :cw].T)
+    assert np.all(t[cw:] == 7)
