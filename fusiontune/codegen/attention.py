@@ -77,11 +77,11 @@ UNDERFLOW = {"float32": 128.0, "float64": 760.0}
 
 
 def _exp(x: str, dtype: str, approx: bool) -> str:
-    if not approx:
-        return f"exp_f32({x})" if dtype == "float32" else f"np.exp({x})"
+    """The softmax's exp: numerics' faithful ``exp_approx`` in float32 under either math
+    (codegen/rules.py ``_exp``); float64 calls libm, or exp_approx in float32 under ``approx``."""
     if dtype == "float32":
         return f"exp_approx({x})"
-    return f"np.{dtype}(exp_approx(np.float32({x})))"
+    return f"np.{dtype}(exp_approx(np.float32({x})))" if approx else f"np.exp({x})"
 
 
 def generate_attention_kernel(

@@ -2,7 +2,8 @@
 
 Two schedule keys of a fused group use these functions (codegen/rules.py writes the calls):
 
-* ``math="approx"``: exp, tanh, sigmoid and erf as polynomial / rational approximations. numba
+* ``math="approx"``: exp, tanh, sigmoid and erf as polynomial / rational approximations (a float32
+  kernel's exp is :func:`exp_approx` under the default math too: it is faithful). numba
   from PyPI has no SVML, so ``np.exp`` / ``np.tanh`` / ``math.erf`` stay calls to libm and keep
   every loop that makes them scalar. The functions below use only ``+ - * /``, selects, ``floor``
   and a float <-> int bitcast, so once LLVM inlines them into a kernel's loop it vectorizes the
@@ -237,7 +238,8 @@ def exp_approx(x):  # type: ignore[no-untyped-def]
     return _F32(0.0) if x <= _EXP_LO else y
 
 
-# ---- exp and tanh of float32, correctly rounded in practice (the default math) -----------------
+# ---- exp, tanh and erf of float32, correctly rounded in practice (tanh and erf: the default math;
+# exp_f32 was the default exp until 2026-11-28, exp_approx is now: codegen/rules.py _exp) ---------
 # numba from PyPI calls libm's expf / tanhf one element at a time. These compute in float64 with
 # an error near 1e-14 relative and round once to float32: the float32 nearest the true value
 # except within 1e-14 of a tie between two floats, as libm's own float32 functions (which also

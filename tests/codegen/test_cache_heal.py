@@ -227,9 +227,9 @@ def test_a_kernel_that_does_not_compile_raises_without_quarantine(
     # Only damage is healed: a broken generated source is a bug to see, not a cache entry to hide.
     monkeypatch.setenv("FUSIONTUNE_CACHE_DIR", str(tmp_path))
     src = _source(_graph())
-    assert "exp_f32(" in src.source
+    assert "exp_approx(" in src.source
     broken = KernelSource(
-        src.name, src.source.replace("exp_f32(", "np.no_such_function("), src.args, src.kind, 0, 0
+        src.name, src.source.replace("exp_approx(", "np.no_such_function("), src.args, src.kind, 0, 0
     )
     caplog.set_level(logging.WARNING, logger=LOGGER)
     with pytest.raises(Exception, match="no_such_function"):
@@ -258,12 +258,12 @@ def test_key_covers_the_fusiontune_helpers_a_kernel_imports(
         0,
         0,
     )
-    # the sigmoid calls numerics' exp_f32 (the default math); numerics reads the compile target's
+    # the sigmoid calls numerics' exp_approx (the default math); numerics reads the compile target's
     # features (its exp scale), so target.py is in the key too
     assert helper_modules(blas.source) == ("fusiontune.codegen.blas", "fusiontune.codegen.numerics",
                                            "fusiontune.codegen.target")
     assert helper_modules(src.source) == ("fusiontune.codegen.numerics", "fusiontune.codegen.target")
-    plain = KernelSource(src.name, src.source.replace("from fusiontune.codegen.numerics import exp_f32\n", ""),
+    plain = KernelSource(src.name, src.source.replace("from fusiontune.codegen.numerics import exp_approx\n", ""),
                          src.args, src.kind, 0, 0)
     assert helper_modules(plain.source) == ()
     before, before_plain = blas.key, plain.key

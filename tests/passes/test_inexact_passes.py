@@ -466,7 +466,7 @@ def test_one_pass_expansion_matches_the_reference(op: str) -> None:
 
 
 # ---- the precision stage ------------------------------------------------------------------------
-def _kernels_graph() -> Graph:
+def _kernels_graph(dtype: str = "float32") -> Graph:
     """Exp, Mul, Tanh, MatMul, Softmax, Reshape, Add: transcendental, plain, contraction, layout."""
 
     def write(g: GraphBuilder) -> Tensor:
@@ -476,7 +476,7 @@ def _kernels_graph() -> Graph:
         s = g.softmax(g.matmul(h, w))
         return g.add(g.reshape(s, (8, 4)), 1.0)
 
-    return build(write, dtype="float32")
+    return build(write, dtype=dtype)
 
 
 def _schedules(result: PipelineResult, key: str) -> dict[tuple[str, ...], object]:
@@ -491,8 +491,24 @@ FP16 = "LowPrecisionFusionPass"
 BF16 = "LowPrecisionBf16FusionPass"
 
 
-def test_approx_transcendental_marks_the_groups_with_exp_tanh_sigmoid_erf() -> None:
+def test_approx_transcendental_marks_the_groups_it_changes() -> None:
+    """float32: the Tanh group only (a float32 exp is the same under either math); float64: every
+    group with exp, tanh, sigmoid or erf."""
     result = fuse(_kernels_graph(), APPROX)
+    assert _schedules(result, "math") == {
+        ("Exp",): None,
+        ("Mul",): None,
+        ("Tanh",): "approx",
+        ("MatMul",): None,
+        ("Softmax",): None,
+        ("Reshape",): None,
+        ("Add",): None,
+    }
+    assert [(a.index, a.pattern, a.applied) for a in result.report.applications] == [
+        (0, "ApproxTranscendental", True)
+    ]
+    assert line("UBFusion", APPROX, "ApproxTranscendental", 1, 1) in result.report.log_lines()
+    result = fuse(_kernels_graph("float64"), APPROX)
     assert _schedules(result, "math") == {
         ("Exp",): "approx",
         ("Mul",): None,
@@ -517,14 +533,16 @@ def test_approx_transcendental_marks_the_groups_with_exp_tanh_sigmoid_erf() -> N
 
 
 def test_approx_transcendental_marks_every_fused_group_with_such_an_op() -> None:
-    from fusiontune.passes.ub.approx_transcendental import TRANSCENDENTAL_OPS
+    from fusiontune.passes.ub.approx_transcendental import changes
     from fusiontune.workloads.builtin import transformer_block
 
     graph = transformer_block(batch=1, seq=8, hidden=16, heads=2, ffn=32)
     result = fuse(graph, APPROX, defaults=True)
     fused = result.fused
     expect = [
-        any(fused.graph.node(n).op in TRANSCENDENTAL_OPS for n in g.nodes) for g in fused.groups
+        any(changes(fused.graph.node(n).op, fused.graph.values[fused.graph.node(n).outputs[0]].dtype)
+            for n in g.nodes)
+        for g in fused.groups
     ]
     assert any(expect) and not all(expect)
     assert [g.schedule.get("math") == "approx" for g in fused.groups] == expect
@@ -536,7 +554,7 @@ def test_approx_transcendental_marks_every_fused_group_with_such_an_op() -> None
 
 @pytest.mark.parametrize("name", [APPROX, FP16, BF16])
 def test_precision_passes_honour_deny_with_stable_indices(name: str) -> None:
-    graph = _kernels_graph()
+    graph = _kernels_graph("float64" if name == APPROX else "float32")
     key = "math" if name == APPROX else "precision"
     full = fuse(graph, name)
     marked = [g.name for g in full.fused.groups if key in g.schedule]
@@ -608,9 +626,9 @@ def test_float16_runs_first_and_bfloat16_skips_its_groups() -> None:
 
 def test_precision_passes_compose() -> None:
     result = fuse(_kernels_graph(), APPROX, FP16)
-    (exp,) = [g for g in result.fused.groups if result.fused.graph.node(g.nodes[0]).op == "Exp"]
-    assert dict(exp.schedule) == {"math": "approx", "precision": "float16"}
-    assert exp.passes == (APPROX, FP16)
+    (tanh,) = [g for g in result.fused.groups if result.fused.graph.node(g.nodes[0]).op == "Tanh"]
+    assert dict(tanh.schedule) == {"math": "approx", "precision": "float16"}
+    assert tanh.passes == (APPROX, FP16)
 
 
 def test_add_layer_norm_fusion_keeps_the_variance_mode() -> None:

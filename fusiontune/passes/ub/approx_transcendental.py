@@ -15,16 +15,29 @@ TRANSCENDENTAL_OPS = frozenset(
 )
 """Ops whose lowering calls exp, tanh, sigmoid or erf (Softmax and Attention through their exp)."""
 
+EXP_OPS = frozenset({"Exp", "Sigmoid", "Silu", "SwiGlu", "Softmax", "Attention"})
+"""Those of :data:`TRANSCENDENTAL_OPS` that compute exp only: in float32 the default math already
+evaluates exp as the approximation does (codegen/rules.py ``_exp``), so the pass changes them in
+float64 kernels only."""
+
+
+def changes(op: str, dtype: str) -> bool:
+    """Whether ``math="approx"`` changes how a node ``op`` of ``dtype`` is computed."""
+    return op in TRANSCENDENTAL_OPS and (op not in EXP_OPS or dtype != "float32")
+
 
 @patterns("ApproxTranscendental")
 def approx_transcendental_fusion(fused: FusedGraph, ctx: PassContext) -> FusedGraph:
     """Let each kernel that computes exp / tanh / sigmoid / erf use fast approximations.
 
-    Identity, approximate: every group (kernel) that holds one of Exp, Tanh, Sigmoid, Silu, SwiGlu, Gelu,
-    Erf or Softmax gets ``schedule["math"] = "approx"``, and codegen evaluates those functions
-    with cheaper polynomial / range-reduction forms in place of the libm calls (the fast-math
-    intrinsics of Ascend's vector unit and of CUDA's ``__expf``). Nothing else in the kernel
-    changes; groups without such an op are not touched.
+    Identity, approximate: every group (kernel) that holds a Tanh, Gelu or Erf, or in float64 one of
+    Exp, Sigmoid, Silu, SwiGlu, Softmax or Attention (:func:`changes`), gets
+    ``schedule["math"] = "approx"``, and codegen evaluates those functions with cheaper float32
+    polynomial / range-reduction forms in place of the float64 ones or the libm calls (the
+    fast-math intrinsics of Ascend's vector unit and of CUDA's ``__expf``). Nothing else in the
+    kernel changes; groups without such an op are not touched. A float32 exp is the same under
+    either math (the default computes it with the same faithful approximation since 2026-11-28),
+    so a float32 group whose only transcendental is an exp is left alone.
 
     Error: each function is within a few float32 ulps (``fusiontune/codegen/numerics.py``,
     measured over every float32 in range: exp 8.5e-8 relative, tanh 2.9e-7 absolute, erf 4.4e-7
@@ -41,7 +54,7 @@ def approx_transcendental_fusion(fused: FusedGraph, ctx: PassContext) -> FusedGr
     groups = []
     for g in fused.groups:
         nodes = [graph.node(n) for n in g.nodes]
-        if any(n.op in TRANSCENDENTAL_OPS for n in nodes):
+        if any(changes(n.op, graph.values[n.outputs[0]].dtype) for n in nodes):
             origins = [o for n in nodes for o in n.origin]
             if ctx.allow("ApproxTranscendental", origins):
                 g = replace(
