@@ -77,7 +77,7 @@ UNDERFLOW = {"float32": 128.0, "float64": 760.0}
 
 
 def _exp(x: str, dtype: str, approx: bool) -> str:
-    """The softmax's exp: numerics' faithful ``exp_approx`` in float32 under either math
+    """The softmax's exp: numerics' ``exp_approx`` (within one ulp) in float32 under either math
     (codegen/rules.py ``_exp``); float64 calls libm, or exp_approx in float32 under ``approx``."""
     if dtype == "float32":
         return f"exp_approx({x})"

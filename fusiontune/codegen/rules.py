@@ -18,10 +18,10 @@ Every op has exactly one rule, found by :func:`rule_kind`:
 ``tests/codegen/test_op_rules.py`` walks the catalogue and fails when an op has no rule.
 
 Two schedule keys change what the scalar rules write (:func:`scalar_expr`, :func:`round_expr`):
-``math="approx"`` swaps the float64-based tanh and erf of Tanh, Erf, Gelu, GeGlu, GeluCdf and
-GeluGrad for the float32 approximations of codegen/numerics.py (``APPROX_RULES``); exp (so Exp,
-Sigmoid, Silu, SwiGlu, softmax) is numerics' faithful float32 ``exp_approx`` under either math
-(:func:`_exp`). ``precision="float16"|"bfloat16"`` has the
+``math="approx"`` swaps the tanh (float64 inside) and erf (float32, within one ulp) of Tanh, Erf,
+Gelu, GeGlu, GeluCdf and GeluGrad for the float32 approximations of codegen/numerics.py
+(``APPROX_RULES``), which have absolute error bounds; exp (so Exp, Sigmoid, Silu, SwiGlu, softmax)
+is numerics' float32 ``exp_approx``, within one ulp, under either math (:func:`_exp`). ``precision="float16"|"bfloat16"`` has the
 loop-nest generator wrap values in the rounding functions of the same module.
 """
 
@@ -80,14 +80,14 @@ def _f32_call(fn: str, x: str, dtype: str) -> str:
 def _exp(x: str, dtype: str) -> str:
     """exp under the default math: a float32 kernel calls numerics.exp_approx, float64 calls libm.
 
-    exp_approx is faithful: within one ulp of the correctly rounded exp (9.5% of a dense grid of 20
-    million points over [-87, 88] one ulp off, none more), where numpy's own float32 ``np.exp``,
+    exp_approx is within one ulp of the correctly rounded exp (9.5% of a dense grid of 20 million
+    points over [-87, 88] one ulp off, none more), where numpy's own float32 ``np.exp``,
     the interpreter's, is off on 39% of the same grid, by up to 3 ulp. Until 2026-11-28 the default
     was numerics.exp_f32 (float64 inside, correctly rounded but for near-ties): 0.47 ns a SiLU
     element against 0.20 on one Zen 5 core, and EfficientNet-B0's SiLUs were a third of its time.
     onnxruntime's MLAS and PyTorch (Sleef's u10 functions) compute exp to the same one-ulp class.
-    tanh and erf keep their float64 forms: their float32 approximations have an absolute error
-    bound, many ulps near 0 (:data:`APPROX_RULES`, ApproxTranscendentalFusionPass)."""
+    erf is float32 too (:func:`_erf`); tanh keeps its float64 form: its float32 approximation has
+    an absolute error bound, many ulps near 0 (:data:`APPROX_RULES`, ApproxTranscendentalFusionPass)."""
     return f"exp_approx({x})" if dtype == "float32" else f"np.exp({x})"
 
 
@@ -98,9 +98,11 @@ def _tanh(x: str, dtype: str) -> str:
 
 
 def _erf(x: str, dtype: str) -> str:
-    """erf under the default math: numerics.erf_f32 (float64 inside, rounded once) in a float32
-    kernel; float64 calls libm."""
-    return f"erf_f32({x})" if dtype == "float32" else f"math.erf({x})"
+    """erf under the default math: numerics.erf_1ulp in a float32 kernel (float32 arithmetic,
+    within one ulp of the correctly rounded erf, as :func:`_exp`'s exp: an erf GELU 0.44 ns an
+    element against 1.19 for the float64 erf_f32 it replaced on 2026-11-28, which took a third of
+    ConvNeXt's time); float64 calls libm."""
+    return f"erf_1ulp({x})" if dtype == "float32" else f"math.erf({x})"
 
 
 SCALAR_RULES: dict[str, ScalarRule] = {
@@ -261,7 +263,7 @@ APPROX_RULES: dict[str, ScalarRule] = {
 # them imports them (codegen/common.py: kernel_header).
 NUMERICS_FUNCTIONS = (
     "exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx", "round_float16", "round_bfloat16", "fmaximum",
-    "arith_fence", "exp_f32", "tanh_f32", "erf_f32",
+    "arith_fence", "exp_f32", "tanh_f32", "erf_f32", "erf_1ulp",
 )
 
 MATH_MODES = ("libm", "approx")

@@ -36,7 +36,8 @@ def approx_transcendental_fusion(fused: FusedGraph, ctx: PassContext) -> FusedGr
     polynomial / range-reduction forms in place of the float64 ones or the libm calls (the
     fast-math intrinsics of Ascend's vector unit and of CUDA's ``__expf``). Nothing else in the
     kernel changes; groups without such an op are not touched. A float32 exp is the same under
-    either math (the default computes it with the same faithful approximation since 2026-11-28),
+    either math (the default computes it with the same approximation since 2026-11-28, within one
+    ulp of the correctly rounded exp),
     so a float32 group whose only transcendental is an exp is left alone.
 
     Error: each function is within a few float32 ulps (``fusiontune/codegen/numerics.py``,
