@@ -59,9 +59,6 @@ SIGMOID_MAX_REL = 1.6e-7  # measured 1.48e-7 (at x = -16.6362), x in [-87.3, 88]
 
 APPROX_FUNCTIONS = ("exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx")
 EXACT_FUNCTIONS = ("exp_f32", "tanh_f32", "erf_f32")
-ONE_ULP_FUNCTIONS = ("exp_approx", "erf_1ulp")
-"""The float32 functions the default math computes exp and erf with: within one ulp of the
-correctly rounded result (codegen/rules.py ``_exp``, ``_erf``)."""
 ROUND_FUNCTIONS = ("round_float16", "round_bfloat16")
 
 
@@ -122,9 +119,10 @@ def times_pow2(typingctx, y, n):  # type: ignore[no-untyped-def]
 
     With AVX-512 (:data:`LDEXP_VECTORIZES`) it is ``llvm.ldexp``, which a vectorized loop runs as
     ``vscalefps``: SiLU under ``math="approx"`` 0.250 -> 0.227 ns per element on one Zen 5 core
-    (64k elements, a 16-lane loop; 0.196 with :func:`exp_approx`'s selects cut as well). Elsewhere it is two products by exponent-bit powers of two,
-    ``2^(n >> 1)`` and ``2^(n - (n >> 1))``, each a normal float over that range (rounded once
-    too: the first product is exact), which vectorize on any x86 target.
+    (64k elements, a 16-lane loop; 0.196 with :func:`exp_approx`'s selects cut as well).
+    Elsewhere it is two products by exponent-bit powers of two, ``2^(n >> 1)`` and
+    ``2^(n - (n >> 1))``, each a normal float over that range (rounded once too: the first
+    product is exact), which vectorize on any x86 target.
     """
     if y != types.float32 or not isinstance(n, types.Integer):
         return None
