@@ -53,7 +53,8 @@ from fusiontune.codegen.common import (
     kernel_header,
 )
 from fusiontune.codegen.contraction import _batch_index
-from fusiontune.codegen.rules import literal
+from fusiontune.codegen.rules import _exp as rules_exp
+from fusiontune.codegen.rules import _f32_call, literal
 from fusiontune.ir.ops import get_op
 
 ATTENTION_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
@@ -77,11 +78,9 @@ UNDERFLOW = {"float32": 128.0, "float64": 760.0}
 
 
 def _exp(x: str, dtype: str, approx: bool) -> str:
-    """The softmax's exp: numerics' ``exp_approx`` (within one ulp) in float32 under either math
-    (codegen/rules.py ``_exp``); float64 calls libm, or exp_approx in float32 under ``approx``."""
-    if dtype == "float32":
-        return f"exp_approx({x})"
-    return f"np.{dtype}(exp_approx(np.float32({x})))" if approx else f"np.exp({x})"
+    """The softmax's exp: the scalar rules' (codegen/rules.py ``_exp``: ``exp_approx`` in float32
+    under either math), or under ``approx`` in float64 ``exp_approx`` on a float32 argument."""
+    return _f32_call("exp_approx", x, dtype) if approx else rules_exp(x, dtype)
 
 
 def generate_attention_kernel(

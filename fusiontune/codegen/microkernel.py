@@ -34,6 +34,7 @@ shape.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -378,6 +379,27 @@ def _transpose_lines(vt: str, vw: int, rows: list[str], tag: str) -> tuple[list[
     return lines, cur
 
 
+def _splat(name: str, it: str, vw: int, value: str) -> list[str]:
+    """IR that broadcasts the i64 ``value`` into ``%name``, a ``vw``-lane vector of type ``it``."""
+    return [f"  %{name}i = insertelement {it} poison, i64 {value}, i32 0",
+            f"  %{name} = shufflevector {it} %{name}i, {it} poison, <{vw} x i32> zeroinitializer"]
+
+
+def _guarded_stores(vt: str, cols: list[str], bound: str, address: Callable[[int], list[str]]) -> list[str]:
+    """IR that stores ``cols[i]`` while ``bound > i``, then branches to ``%next``: block ``s<i>``
+    tests, block ``w<i>`` computes ``%p<i>`` with ``address(i)`` and stores."""
+    out: list[str] = []
+    for i, col in enumerate(cols):
+        out += [f"s{i}:",
+                f"  %sv{i} = icmp sgt i64 {bound}, {i}",
+                f"  br i1 %sv{i}, label %w{i}, label %next",
+                f"w{i}:",
+                *address(i),
+                f"  store {vt} {col}, ptr %p{i}, align 4",
+                f"  br label %{'s' + str(i + 1) if i + 1 < len(cols) else 'next'}"]
+    return out
+
+
 def _transpose_ir(dtype: str) -> str:
     """LLVM IR of the two copies of :func:`transposes`: ``VW x VW`` tiles transposed in registers."""
     t = _LLVM_TYPE[dtype]
@@ -387,8 +409,20 @@ def _transpose_ir(dtype: str) -> str:
     mload = f"@llvm.masked.load.v{vw}f{bits}.p0"
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
     sym_in, sym_out = transpose_symbols(dtype)
-    lanes_ = range(vw)
 
+    def to_dst(i: int) -> list[str]:  # XT + dst[q0 + i]
+        return [f"  %qi{i} = add i64 %q0, {i}",
+                f"  %dp{i} = getelementptr i64, ptr %pd, i64 %qi{i}",
+                f"  %d{i} = load i64, ptr %dp{i}, align 8",
+                f"  %p{i} = getelementptr {t}, ptr %pt, i64 %d{i}"]
+
+    def to_row(j: int) -> list[str]:  # T + j * ldt + q0
+        return [f"  %to{j} = mul i64 %ldt, {j}",
+                f"  %ta{j} = add i64 %to{j}, %q0",
+                f"  %p{j} = getelementptr {t}, ptr %pt, i64 %ta{j}"]
+
+    loop_end = [f"  %q1 = add i64 %q0, {vw}", "  %more = icmp slt i64 %q1, BOUND",
+                "  br i1 %more, label %chunk, label %done", "done:", "  ret void", "}"]
     out = [
         # XT[dst[q] + j] = X[j * cs + q] for q < n, j < VW (0 past cw)
         f"define void @{sym_in}(i64 %n, i64 %X, i64 %cs, i64 %cw, i64 %dst, i64 %XT) #0 {{",
@@ -396,18 +430,16 @@ def _transpose_ir(dtype: str) -> str:
         "  %px = inttoptr i64 %X to ptr",
         "  %pd = inttoptr i64 %dst to ptr",
         "  %pt = inttoptr i64 %XT to ptr",
-        f"  %nvi = insertelement {it} poison, i64 %n, i32 0",
-        f"  %nv = shufflevector {it} %nvi, {it} poison, <{vw} x i32> zeroinitializer",
+        *_splat("nv", it, vw, "%n"),
         "  br label %chunk",
         "chunk:",
         "  %q0 = phi i64 [0, %entry], [%q1, %next]",
-        f"  %qvi = insertelement {it} poison, i64 %q0, i32 0",
-        f"  %qv = shufflevector {it} %qvi, {it} poison, <{vw} x i32> zeroinitializer",
+        *_splat("qv", it, vw, "%q0"),
         f"  %qk = add {it} %qv, {iota}",
         f"  %pm = icmp slt {it} %qk, %nv",
     ]
     rows = []
-    for j in lanes_:
+    for j in range(vw):
         out += [f"  %on{j} = icmp slt i64 {j}, %cw",
                 f"  %mj{j} = select i1 %on{j}, {mt} %pm, {mt} zeroinitializer",
                 f"  %ro{j} = mul i64 %cs, {j}",
@@ -416,26 +448,9 @@ def _transpose_ir(dtype: str) -> str:
                 f"  %r{j} = call {vt} {mload}(ptr %rp{j}, i32 4, {mt} %mj{j}, {vt} zeroinitializer)"]
         rows.append(f"%r{j}")
     tl, cols = _transpose_lines(vt, vw, rows, "ti")
-    out += tl
-    out += ["  %left = sub i64 %n, %q0", "  br label %s0"]
-    for i in lanes_:
-        out += [f"s{i}:",
-                f"  %sv{i} = icmp sgt i64 %left, {i}",
-                f"  br i1 %sv{i}, label %w{i}, label %next",
-                f"w{i}:",
-                f"  %qi{i} = add i64 %q0, {i}",
-                f"  %dp{i} = getelementptr i64, ptr %pd, i64 %qi{i}",
-                f"  %d{i} = load i64, ptr %dp{i}, align 8",
-                f"  %tp{i} = getelementptr {t}, ptr %pt, i64 %d{i}",
-                f"  store {vt} {cols[i]}, ptr %tp{i}, align 4",
-                f"  br label %{'s' + str(i + 1) if i + 1 < vw else 'next'}"]
-    out += ["next:",
-            f"  %q1 = add i64 %q0, {vw}",
-            "  %more = icmp slt i64 %q1, %n",
-            "  br i1 %more, label %chunk, label %done",
-            "done:",
-            "  ret void",
-            "}"]
+    out += tl + ["  %left = sub i64 %n, %q0", "  br label %s0"]
+    out += _guarded_stores(vt, cols, "%left", to_dst)
+    out += ["next:", *(line.replace("BOUND", "%n") for line in loop_end)]
     # T[j * ldt + q] = Y[q * VW + j] for j < cw, q < P rounded up to VW (Y holds those rows)
     out += [
         f"define void @{sym_out}(i64 %P, i64 %Y, i64 %cw, i64 %T, i64 %ldt) #0 {{",
@@ -447,7 +462,7 @@ def _transpose_ir(dtype: str) -> str:
         "  %q0 = phi i64 [0, %entry], [%q1, %next]",
     ]
     rows = []
-    for i in lanes_:
+    for i in range(vw):
         out += [f"  %yo{i} = add i64 %q0, {i}",
                 f"  %ye{i} = mul i64 %yo{i}, {vw}",
                 f"  %yp{i} = getelementptr {t}, ptr %py, i64 %ye{i}",
@@ -455,24 +470,9 @@ def _transpose_ir(dtype: str) -> str:
         rows.append(f"%y{i}")
     tl, cols = _transpose_lines(vt, vw, rows, "to")
     out += tl + ["  br label %s0"]
-    for j in lanes_:
-        out += [f"s{j}:",
-                f"  %sv{j} = icmp sgt i64 %cw, {j}",
-                f"  br i1 %sv{j}, label %w{j}, label %next",
-                f"w{j}:",
-                f"  %to{j} = mul i64 %ldt, {j}",
-                f"  %ta{j} = add i64 %to{j}, %q0",
-                f"  %tp{j} = getelementptr {t}, ptr %pt, i64 %ta{j}",
-                f"  store {vt} {cols[j]}, ptr %tp{j}, align 4",
-                f"  br label %{'s' + str(j + 1) if j + 1 < vw else 'next'}"]
-    out += ["next:",
-            f"  %q1 = add i64 %q0, {vw}",
-            "  %more = icmp slt i64 %q1, %P",
-            "  br i1 %more, label %chunk, label %done",
-            "done:",
-            "  ret void",
-            "}",
-            f"declare {vt} {mload}(ptr, i32, {mt}, {vt})",
+    out += _guarded_stores(vt, cols, "%cw", to_row)
+    out += ["next:", *(line.replace("BOUND", "%P") for line in loop_end)]
+    out += [f"declare {vt} {mload}(ptr, i32, {mt}, {vt})",
             'attributes #0 = { nounwind "frame-pointer"="none" }']
     return "\n".join(out) + "\n"
 
