@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import optuna
@@ -36,7 +37,10 @@ from fusiontune.config.fusion_config import FusionConfig
 from fusiontune.measure import (
     CONFIDENCE,
     MIN_SAMPLE_S,
+    MeasureConfig,
+    Timing,
     describe_noise,
+    interleaved_timings,
     measure_interleaved,
     median_ci,
     metric_value,
@@ -336,7 +340,11 @@ def confirm(
             dropped.append(f"trial {c.trial} ({type(e).__name__}: {e})")
             continue
         built.append((c, program.execute, error))
-    raced: dict[int, str] = {}
+    raced: dict[int, str] = {}  # the current attempt's
+    # Each attempt of the noise check races afresh; the attempt kept (the first quiet one, or
+    # the least noisy) need not be the last, so each attempt's races are remembered with its
+    # samples and the kept one's are reported.
+    attempts: list[tuple[list[tuple[float, ...]], dict[int, str]]] = []
 
     def race(samples: Sequence[Sequence[float]]) -> list[int]:
         live = [i for i in range(len(built)) if built[i][0].trial not in raced]
@@ -351,16 +359,27 @@ def confirm(
         raced.update(out)
         return [i for i in live if built[i][0].trial in out]
 
-    def attempt(samples: Sequence[Sequence[float]]) -> list[int]:
-        if all(len(s) == 1 for s in samples):  # a new attempt of the noise check races afresh
-            raced.clear()
-        return race(samples)
+    def attempt(
+        fns: Sequence[Callable[[], Any]],
+        n: int,
+        cfg: MeasureConfig,
+        min_sample_s: float,
+        stop: Callable[[Sequence[Sequence[float]]], Iterable[int]] | None = None,
+    ) -> list[Timing]:
+        raced.clear()
+        out = interleaved_timings(fns, n, cfg, min_sample_s, stop=stop)
+        attempts.append(([tuple(t.samples_s) for t in out], dict(raced)))
+        return out
 
     timings = (
-        time_interleaved([fn for _, fn, _ in built], rounds, space.measure, stop=attempt)
+        time_interleaved(
+            [fn for _, fn, _ in built], rounds, space.measure, measure_round=attempt, stop=race
+        )
         if built
         else []
     )
+    kept = [tuple(t.samples_s) for t in timings]
+    raced = next((r for samples, r in attempts if samples == kept), {})
     rows = []
     for (c, _, error), t in zip(built, timings, strict=True):
         ok = c.feasible and math.isfinite(error) and error <= space.bound
