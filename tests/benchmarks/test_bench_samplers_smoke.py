@@ -121,3 +121,30 @@ def test_bench_samplers_quick_scores_every_sampler_and_job(tmp_path: Path) -> No
             row = figures["jobs"][job]["samplers"]["measured"][sampler]
             assert set(row["within"]) == {"0.01@20", "0.01@24", "0.02@20", "0.02@24"}
             assert len(row["reach"]) == 2
+
+
+def test_two_point_bound_names_a_switch_every_near_optimal_point_sets_alike() -> None:
+    """The bound's switch, checked by brute force on issue12 (4096 points): flipping it alone
+    from the optimum keeps the bound and costs the flip it names, every feasible point within 1%
+    of the optimum sets it as the optimum does, and the chance is Phi(-d sqrt(runs) / 2 sigma)."""
+    from scipy.stats import norm
+
+    planted = _load("_planted")
+    bench = _load("bench_samplers")
+    job = planted.planted_jobs(["issue12"])[0]
+    p, what = bench.two_point_bound(job, 40)
+    name = what.split(",")[0]
+    flip = dict(job.optimum)
+    key = planted.PASS_PARAM + name
+    flip[key] = "off" if flip[key] == "on" else "on"
+    d = math.log(job.true_runtime(flip) / job.optimum_s)
+    assert job.feasible(job.point(flip)[0])[0]
+    assert what == f"{name}, flip {d:.2%}"
+    assert p == pytest.approx(norm.cdf(-d * math.sqrt(40) / (2 * job.noise)), rel=1e-9)
+    names = [planted.PASS_PARAM + s for s in job.switches]
+    for bits in itertools.product(("off", "on"), repeat=len(job.switches)):
+        params = dict(zip(names, bits, strict=True))
+        near = job.true_runtime(params) <= 1.01 * job.optimum_s
+        if near and job.feasible(job.point(params)[0])[0]:
+            assert params[key] == job.optimum[key]
+    assert bench.two_point_bound(job, 160)[0] < p  # more runs, a smaller chance of a wrong call
