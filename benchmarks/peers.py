@@ -34,8 +34,13 @@ program profiled kernel by kernel, fusiontune.measure.profile). A model that doe
 has no inputs beside it, gets one line saying why, and the run goes on. Nothing is written to
 RESULTS.md unless ``--results PATH`` is given.
 
+With more than one thread every peer runs in a process of its own (``--isolate``, the default
+then; ``--no-isolate`` keeps them in one): the parent asks each process for one sample in turn, so
+the rounds still interleave, and each process times its own calls. In one process two peers'
+pools slow each other by an amount that depends on where their workers land (:class:`RemotePeer`).
+
     .venv/bin/python benchmarks/peers.py [--quick] [--only NAME ...] [--rounds N] [--threads N]
-        [--config CFG | --sweep N] [--results PATH] [--json PATH]
+        [--config CFG | --sweep N] [--results PATH] [--json PATH] [--isolate | --no-isolate]
     .venv/bin/python benchmarks/peers.py --models DIR [--match SUBSTRING ...] [--skip PEER ...] ...
 """
 
@@ -213,6 +218,8 @@ class PeerRun:
     timing: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
     program: Any = None  # fusiontune's Program, for its kernel profile
+    profile: Callable[[dict[str, np.ndarray], int], dict[str, Any]] | None = None
+    """fusiontune's kernel profile as ``ProfileReport.to_json``: (inputs, rounds) -> figures."""
 
 
 def as_workload(case: Case, graph: Any, reference: dict[str, np.ndarray]) -> Any:
@@ -230,7 +237,14 @@ def _fusiontune(workload: Any, config: Any) -> PeerRun:
     checked = check_and_time(workload, program, MeasureConfig(), timing=False)
     program.bind(workload.inputs)
     bytes_moved = sum(k.bytes_moved for k in program.kernels)
-    return PeerRun("fusiontune", program.execute, dict(checked.outputs), f"{program.kernel_count} kernels", extra={"bytes_moved": bytes_moved, "kernels": program.kernel_count, "compile_s": program.compile_s}, program=program)
+    def profile(inputs: dict[str, np.ndarray], rounds: int) -> dict[str, Any]:
+        from fusiontune.measure.profile import profile_program
+
+        return profile_program(program, inputs, rounds=rounds).to_json()
+
+    return PeerRun("fusiontune", program.execute, dict(checked.outputs), f"{program.kernel_count} kernels",
+                   extra={"bytes_moved": bytes_moved, "kernels": program.kernel_count, "compile_s": program.compile_s},
+                   program=program, profile=profile)
 
 
 def _onnxruntime(case: Case, path: Path, threads: int) -> PeerRun:
@@ -322,6 +336,170 @@ def prepare_peers(case: Case, graph: Any, path: Path, config: Any, threads: int,
         run.extra["prepare_s"] = time.perf_counter() - t0
         runs.append(run)
     return runs
+
+
+# ---- one process per peer (--isolate) ---------------------------------------------------------
+SETTLE_S = 0.0015
+"""A peer in a process of its own waits this long before each sample, outside the timing: the peer
+timed before it (onnxruntime spins up to 1 ms after its last work, benchmarks/_ort.py) has then let
+go of the cores. Not longer: a core left idle comes back slowly on these VMs. ResNet-18's export,
+two threads, the two peers' processes interleaved, 9 rounds of 5 ms samples, one process pair per
+run (ms, onnxruntime / fusiontune): with no pause 3 runs of 4 at 0.108-0.110 / 0.123-0.125 and one
+at 0.190 / 0.140; with 1 ms all 4 at 0.109-0.114 / 0.122-0.123; with 1.5 ms all 8 at 0.104-0.116 /
+0.114-0.125; with 10 ms 0.27-0.47 / 0.14-0.17 in all 4 (why a whole sample is slower after a
+longer pause was not examined)."""
+
+
+class RemotePeer:
+    """A peer built, checked and timed in a process of its own, which the parent asks for samples.
+
+    Interleaved in one process, two peers' thread pools share the cores by where their workers
+    happen to land: on two cores, ResNet-18's export with two threads each gave onnxruntime 0.18 ms
+    in one process and 0.106 ms in the next (README, performance). In processes of their own each
+    pool is alone while it runs, and the rounds still interleave the peers (the parent asks each
+    process for one sample in turn), so load from outside hits them alike. The pipe is outside the
+    figures: the process times its own calls (``time_callable``, which
+    :func:`fusiontune.measure.interleaved.interleaved_timings` uses when a callable has it).
+    """
+
+    def __init__(self, peer: str, payload: tuple[Any, ...]) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no pool inherited
+        self.peer = peer
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_peer_process, args=(child, peer, payload), name=f"peer {peer}", daemon=True)
+        self._proc.start()
+        child.close()
+        self.run: PeerRun = self._reply()
+        if self.run.note.startswith(("failed", "not installed", "n/a")) or self.run.outputs is None:
+            self.close()
+        else:
+            self.run.fn = self
+            if peer == "fusiontune":
+                self.run.profile = self.profile
+
+    def _reply(self) -> Any:
+        try:
+            reply = self._conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the {self.peer} process ended (exit code {self._proc.exitcode})") from None
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def _ask(self, *message: Any) -> Any:
+        self._conn.send(message)
+        return self._reply()
+
+    def __call__(self) -> None:
+        self._ask("call")
+
+    def time_callable(self, cfg: Any) -> Any:
+        """``fusiontune.measure.time_callable`` of the peer, in its process, after :data:`SETTLE_S`."""
+        return self._ask("time", cfg)
+
+    def profile(self, inputs: dict[str, np.ndarray], rounds: int) -> dict[str, Any]:
+        """fusiontune's kernel profile (``ProfileReport.to_json``), taken in its process."""
+        return self._ask("profile", rounds)
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send(("exit",))
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+        self._conn.close()
+
+
+def _peer_process(conn: Any, peer: str, payload: tuple[Any, ...]) -> None:
+    """A peer's process: build it (:func:`prepare_peers`), send what the check needs, then answer
+    ``call``, ``time`` and ``profile`` until ``exit``."""
+    from fusiontune.measure import time_callable
+
+    case, path, config, threads, reference = payload
+    try:
+        use_threads(threads)
+        graph = case_graph(case, path)  # a Graph does not pickle: imported again, the same way
+        skip = [p for p in PEERS if p != peer]
+        (run,) = [r for r in prepare_peers(case, graph, path, config, threads, skip, reference) if r.peer == peer]
+        conn.send(PeerRun(peer, outputs=run.outputs, note=run.note, extra=run.extra))
+        while True:
+            message = conn.recv()
+            if message[0] == "exit":
+                break
+            try:
+                if message[0] == "call":
+                    run.fn()
+                    conn.send(None)
+                elif message[0] == "time":
+                    time.sleep(SETTLE_S)
+                    conn.send(time_callable(run.fn, message[1]))
+                elif message[0] == "profile":
+                    from fusiontune.measure.profile import profile_program
+
+                    conn.send(profile_program(run.program, case.inputs, rounds=message[1]).to_json())
+                else:
+                    conn.send(ValueError(f"unknown request {message[0]!r}"))
+            except Exception as exc:
+                conn.send(RuntimeError(f"{peer}: {type(exc).__name__}: {exc}"))
+    except Exception as exc:
+        conn.send(RuntimeError(f"{peer}: {type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def prepare_isolated(case: Case, graph: Any, path: Path, config: Any, threads: int, skip: Sequence[str], reference: dict[str, np.ndarray]) -> list[PeerRun]:
+    """:func:`prepare_peers` with every peer in a process of its own (:class:`RemotePeer`), started
+    one after the other so that no build competes with another for the cores."""
+    runs = []
+    for peer in PEERS:
+        if peer in skip:
+            runs.append(PeerRun(peer, note="skipped (--skip)"))
+            continue
+        t0 = time.perf_counter()
+        try:
+            remote = RemotePeer(peer, (case, path, config, threads, reference))
+        except Exception as exc:
+            runs.append(PeerRun(peer, note=f"failed: {str(exc).splitlines()[0][:120]}"))
+            continue
+        remote.run.extra["prepare_s"] = time.perf_counter() - t0
+        remote.run.note = f"{remote.run.note}; own process" if remote.run.fn is not None else remote.run.note
+        runs.append(remote.run)
+        _LIVE.append(remote)
+    return runs
+
+
+_LIVE: list[RemotePeer] = []
+
+
+def close_isolated() -> None:
+    """End the peer processes of the case just measured."""
+    while _LIVE:
+        _LIVE.pop().close()
+
+
+def use_threads(threads: int) -> None:
+    """``threads`` for fusiontune (numba), torch and numexpr in this process (onnxruntime takes
+    them per session; numba reads ``NUMBA_NUM_THREADS`` at import, which :func:`main` sets)."""
+    from fusiontune.codegen.threading_layer import set_num_threads
+
+    set_num_threads(threads)
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+    except ImportError:
+        pass
+    try:
+        import numexpr
+
+        numexpr.set_num_threads(threads)
+    except ImportError:
+        pass
 
 
 # ---- timing ----------------------------------------------------------------------------------
@@ -512,11 +690,9 @@ def bench_model_file(model: Path, args: argparse.Namespace, base_config: Any, th
     """One model file of ``--models``: every peer, timed, and fusiontune's kernel profile."""
     case = model_case(model)
     case, runs, res = bench_loaded(case, model, args, base_config, threads)
-    ft = next((r for r in runs if r.peer == "fusiontune" and r.program is not None and r.timing is not None), None)
-    if ft is not None:
-        from fusiontune.measure.profile import profile_program
-
-        res["profile"] = profile_program(ft.program, case.inputs, rounds=args.rounds).to_json()
+    profile = next((r.profile for r in runs if r.peer == "fusiontune" and r.profile is not None and r.timing is not None), None)
+    if profile is not None:
+        res["profile"] = profile(case.inputs, args.rounds)
     return case, runs, res
 
 
@@ -575,24 +751,31 @@ def models_summary(cases: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def case_graph(case: Case, path: Path) -> Any:
+    """The fusiontune graph of ``case``, imported from its model file ``path``."""
+    from fusiontune.ir.onnx_import import import_onnx
+
+    # A model of --models has symbolic dimensions: the shapes of its arrays fix them.
+    shapes = {k: v.shape for k, v in case.inputs.items()} if case.kind == "file" else None
+    return import_onnx(path, input_shapes=shapes, dims=case.dims or None)
+
+
 def bench_loaded(case: Case, path: Path, args: argparse.Namespace, base_config: Any, threads: int) -> tuple[Case, list[PeerRun], dict[str, Any]]:
     """Every peer on ``case``, whose model is the file ``path``: checked, then timed interleaved."""
     from fusiontune.ir.interpreter import run_graph
-    from fusiontune.ir.onnx_import import import_onnx
     from fusiontune.measure import compare, measure_copy_bandwidth, numpy_copy_bandwidth
     from fusiontune.measure.roofline import copy_kernel
 
     name = case.name
-    # A model of --models has symbolic dimensions: the shapes of its arrays fix them.
-    shapes = {k: v.shape for k, v in case.inputs.items()} if case.kind == "file" else None
-    graph = import_onnx(path, input_shapes=shapes, dims=case.dims or None)
+    graph = case_graph(case, path)
     reference = run_graph(graph, case.inputs, dtype="float64")
     floor = compare(run_graph(graph, case.inputs, dtype=None), reference).max_rel
     tolerance = max(20 * floor, 2e-3)
     config, sweep_log, mode = base_config, None, args.mode
     if args.sweep:
         config, sweep_log = sweep_config(graph, case.inputs, reference, max(5 * floor, 1e-4), args.sweep)
-    runs = prepare_peers(case, graph, path, config, threads, args.skip or (), reference)
+    prepare = prepare_isolated if args.isolate else prepare_peers
+    runs = prepare(case, graph, path, config, threads, args.skip or (), reference)
     for r in runs:
         if r.outputs is not None:
             try:
@@ -681,6 +864,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--match", action="append", metavar="SUBSTRING", help="with --models: only the files whose name holds SUBSTRING (repeatable)")
     parser.add_argument("--results", type=Path, help="markdown results file (default: benchmarks/RESULTS.md; none with --models)")
     parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
+    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                        help="every peer in a process of its own, their samples still interleaved (default: with more than one thread)")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 9)
     if args.models is not None:
@@ -700,22 +885,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         # numba reads its thread count once, at import: with one thread the kernels are then
         # compiled serial (a parallel region of one thread still costs its launch)
         os.environ["NUMBA_NUM_THREADS"] = str(args.threads)
-    from fusiontune.codegen.threading_layer import num_threads, set_num_threads
+    from fusiontune.codegen.threading_layer import num_threads
 
     threads = args.threads or num_threads()
-    set_num_threads(threads)
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-    except ImportError:
-        pass
-    try:
-        import numexpr
-
-        numexpr.set_num_threads(threads)
-    except ImportError:
-        pass
+    os.environ["NUMBA_NUM_THREADS"] = str(threads)  # what a peer's own process starts with
+    use_threads(threads)
+    if args.isolate is None:
+        args.isolate = threads > 1
     from fusiontune.config.fusion_config import FusionConfig
     from fusiontune.measure import machine_info
 
@@ -736,6 +912,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "",
         f"- machine: {info['cpu_model']}, {info['cpu_count']} logical CPUs ({info['cpus_usable']} usable), {platform.platform()}",
         f"- threads: {threads} for every peer (numba, onnxruntime intra-op spin-waiting up to 1 ms after its last work (benchmarks/_ort.py), torch, numexpr; JAX/XLA uses its own pool over the usable CPUs)",
+        "- processes: " + (f"every peer in its own, asked for its samples in turn, each after a {SETTLE_S * 1e3:.0f} ms pause (--isolate)" if args.isolate
+                           else "one, every peer in it (--no-isolate)"),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()),
         f"- fusiontune configuration: {args.mode}; rounds: {args.rounds} interleaved, a sample >= {MIN_SAMPLE_S * 1e3:.0f} ms of calls;"
         f" rounds in which a peer's CV exceeds {noise.max_cv:.2f} or its IQR {noise.max_iqr:.0%} of its median are measured again"
@@ -758,6 +936,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 else:
                     case, runs, res = bench_case(item, args, base, threads, Path(tmp))
             except Exception as exc:  # e.g. the importer lacks an op: say so, go on
+                close_isolated()
                 reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
                 if isinstance(item, Path):  # one line per model that does not run
                     lines = [f"{name}: not run: {reason}", ""]
@@ -765,6 +944,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     lines = [f"### {name}", "", f"not run: {reason}", ""]
                 figures["cases"][name] = {"error": reason}
             else:
+                close_isolated()
                 lines = table_lines(case, runs, res["bandwidth"])
                 if "profile" in res:
                     from fusiontune.measure.profile import ProfileReport, kind_text

@@ -9,7 +9,6 @@ moment costs every callable a sample or two, and their medians stay comparable.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -54,6 +53,9 @@ def interleaved_timings(
             callables whose indices it returns are not timed again (racing: their timings have
             the samples of the rounds they ran).
 
+    A callable with a ``time_callable(cfg)`` method (one that runs in a process of its own) is
+    timed by it, calibration included; its plain calls are the warm-up.
+
     Returns:
         Per callable, in the order of ``fns``, its timing over its ``rounds`` samples.
     """
@@ -65,9 +67,10 @@ def interleaved_timings(
     for fn in fns:
         for _ in range(max(1, measure.warmup)):
             fn()
-        t0 = time.perf_counter()
-        fn()
-        one = max(time.perf_counter() - t0, 1e-7)
+        one = max(
+            _timed(fn, MeasureConfig(warmup=0, number=1, repeat=1, min_repeat_ms=0)).samples_s[0],
+            1e-7,
+        )
         numbers.append(max(measure.number, math.ceil(target / one)))
     samples: list[list[float]] = [[] for _ in fns]
     n = len(fns)
@@ -80,10 +83,18 @@ def interleaved_timings(
             cfg = MeasureConfig(
                 warmup=0, number=numbers[i], repeat=1, flush_cache=measure.flush_cache
             )
-            samples[i].extend(time_callable(fns[i], cfg).samples_s)
+            samples[i].extend(_timed(fns[i], cfg).samples_s)
         if stop is not None and r < rounds - 1:
             stopped.update(stop(samples))
     return [Timing.from_samples(tuple(s), k) for s, k in zip(samples, numbers, strict=True)]
+
+
+def _timed(fn: Callable[[], Any], cfg: MeasureConfig) -> Timing:
+    """:func:`time_callable` on ``fn``, or, for a callable that runs in another process and times
+    itself there (it has a ``time_callable(cfg)`` method: a peer of benchmarks/peers.py), its own
+    timing, so that the pipe to it is not in the figure."""
+    own = getattr(fn, "time_callable", None)
+    return own(cfg) if own is not None else time_callable(fn, cfg)
 
 
 def measure_interleaved(

@@ -86,3 +86,34 @@ def test_peers_models_runs_a_folder_and_says_why_a_model_did_not_run(tmp_path: P
     assert "geometric mean of onnxruntime / fusiontune over 2 models" in out
     assert "fusiontune's kernel time over all models, by kind: matmul" in out
     assert "RESULTS.md" not in out  # --models writes no results file unless asked
+
+
+def test_peers_isolate_runs_every_peer_in_a_process_of_its_own(tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    models = tmp_path / "models"
+    models.mkdir()
+    write_model(models / "dense.onnx", 8, 32, symbolic=False)
+    np.savez(
+        models / "dense.inputs.npz",
+        x=np.random.default_rng(1).standard_normal((8, 32)).astype(np.float32),
+    )
+
+    figures_path = tmp_path / "peers.json"
+    cmd = [sys.executable, str(PEERS), "--models", str(models), "--rounds", "2", "--threads", "1", "--isolate",
+           "--skip", "torch.compile", "--skip", "jax", "--json", str(figures_path)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "- processes: every peer in its own" in proc.stdout
+
+    case = json.loads(figures_path.read_text())["cases"]["dense"]
+    assert "error" not in case, case.get("error")
+    for name in ("fusiontune", "onnxruntime", "numpy"):
+        peer = case["peers"][name]
+        assert peer["note"].endswith("own process"), (name, peer["note"])
+        # its outputs came back from its process and were checked against float64
+        assert not peer["wrong"] and peer["max_rel"] <= case["tolerance"]
+        assert peer["median_s"] > 0 and len(peer["samples_s"]) == 2
+    assert case["peers"]["numexpr"]["note"].startswith(("n/a", "not installed"))
+    kinds = {k["kind"] for k in case["profile"]["kernels"]}  # profiled in fusiontune's process
+    assert "matmul" in kinds

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from fusiontune.measure import MeasureConfig, interleaved_timings, measure_interleaved
+from fusiontune.measure import MeasureConfig, Timing, interleaved_timings, measure_interleaved
 
 
 def test_each_round_starts_one_further_along() -> None:
@@ -48,3 +50,35 @@ def test_min_sample_raises_the_calls_per_sample_of_a_fast_callable() -> None:
 def test_zero_rounds_is_an_error() -> None:
     with pytest.raises(ValueError, match="rounds >= 1"):
         interleaved_timings([lambda: None], rounds=0)
+
+
+class SelfTimed:
+    """A callable that times itself elsewhere (as a peer in its own process does): its samples
+    are what it reports, whatever its plain calls cost here."""
+
+    def __init__(self, per_call_s: float) -> None:
+        self.per_call_s = per_call_s
+        self.calls = 0
+        self.asked: list[int] = []
+
+    def __call__(self) -> None:
+        self.calls += 1
+        time.sleep(0.002)  # the pipe: slow, and never in the figures
+
+    def time_callable(self, cfg: MeasureConfig) -> Timing:
+        self.asked.append(cfg.number)
+        return Timing.from_samples((self.per_call_s,) * cfg.repeat, cfg.number)
+
+
+def test_a_callable_that_times_itself_gives_its_own_samples_and_calibration() -> None:
+    remote, local_calls = SelfTimed(per_call_s=1e-4), []
+    timings = interleaved_timings(
+        [remote, lambda: local_calls.append(1)],
+        rounds=3,
+        measure=MeasureConfig(warmup=2),
+        min_sample_s=5e-3,
+    )
+    assert remote.calls == 2  # the warm-up only: calibration and samples are its own timings
+    assert remote.asked == [1, 50, 50, 50]  # calibrated at 0.1 ms a call: 50 calls make 5 ms
+    assert timings[0].samples_s == (1e-4,) * 3 and timings[0].number == 50
+    assert len(local_calls) == 2 + 1 + 3 * timings[1].number  # the plain callable is timed here
