@@ -34,10 +34,14 @@ program profiled kernel by kernel, fusiontune.measure.profile). A model that doe
 has no inputs beside it, gets one line saying why, and the run goes on. Nothing is written to
 RESULTS.md unless ``--results PATH`` is given.
 
-With more than one thread every peer runs in a process of its own (``--isolate``, the default
-then; ``--no-isolate`` keeps them in one): the parent asks each process for one sample in turn, so
-the rounds still interleave, and each process times its own calls. In one process two peers'
-pools slow each other by an amount that depends on where their workers land (:class:`RemotePeer`).
+``--isolate`` runs every peer in a process of its own: the parent asks each process for one sample
+in turn, so the rounds still interleave, each process times its own calls, and the others are
+stopped meanwhile (:class:`RemotePeer`). In one process two peers' pools slow each other by an
+amount that depends on where their workers land. It is the default for ``--models`` with more than
+one thread (fusiontune beside onnxruntime, the corpus' setting, where it was measured), not for
+the built-in cases: there torch.compile in a process of its own took 2.7 ms or 6.6-7.8 ms on
+conv_bn_relu from one measurement to the next (the same script, one process), against 2.75 in the
+shared one, which was not explained; ``--isolate`` asks for it there too.
 
     .venv/bin/python benchmarks/peers.py [--quick] [--only NAME ...] [--rounds N] [--threads N]
         [--config CFG | --sweep N] [--results PATH] [--json PATH] [--isolate | --no-isolate]
@@ -51,6 +55,7 @@ import json
 import math
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -339,17 +344,6 @@ def prepare_peers(case: Case, graph: Any, path: Path, config: Any, threads: int,
 
 
 # ---- one process per peer (--isolate) ---------------------------------------------------------
-SETTLE_S = 0.0015
-"""A peer in a process of its own waits this long before each sample, outside the timing: the peer
-timed before it (onnxruntime spins up to 1 ms after its last work, benchmarks/_ort.py) has then let
-go of the cores. Not longer: a core left idle comes back slowly on these VMs. ResNet-18's export,
-two threads, the two peers' processes interleaved, 9 rounds of 5 ms samples, one process pair per
-run (ms, onnxruntime / fusiontune): with no pause 3 runs of 4 at 0.108-0.110 / 0.123-0.125 and one
-at 0.190 / 0.140; with 1 ms all 4 at 0.109-0.114 / 0.122-0.123; with 1.5 ms all 8 at 0.104-0.116 /
-0.114-0.125; with 10 ms 0.27-0.47 / 0.14-0.17 in all 4 (why a whole sample is slower after a
-longer pause was not examined)."""
-
-
 class RemotePeer:
     """A peer built, checked and timed in a process of its own, which the parent asks for samples.
 
@@ -360,6 +354,18 @@ class RemotePeer:
     process for one sample in turn), so load from outside hits them alike. The pipe is outside the
     figures: the process times its own calls (``time_callable``, which
     :func:`fusiontune.measure.interleaved.interleaved_timings` uses when a callable has it).
+
+    Between its requests a peer's process is stopped (``SIGSTOP``; ``SIGCONT`` before the next), so
+    what its pools do after its last call cannot take a core from the peer timed next: onnxruntime
+    spins up to 1 ms (benchmarks/_ort.py), libgomp's and OpenBLAS's workers longer. Before the
+    processes were stopped, a pause before each sample was tried instead. On ResNet-18's export
+    (two threads, the two peers interleaved, 9 rounds of 5 ms samples, one process pair per run, ms
+    onnxruntime / fusiontune) no pause gave 3 runs of 4 at 0.108-0.110 / 0.123-0.125 and one at
+    0.190 / 0.140, 1.5 ms all 8 at 0.104-0.116 / 0.114-0.125, 10 ms 0.27-0.47 / 0.14-0.17 (a core
+    left idle that long comes back slowly on this VM). But with torch.compile and the numpy
+    interpreter in processes of their own too (conv_bn_relu, 7 rounds), fusiontune took 4.5 ms
+    after a 1.5 ms pause against 2.3 with those two left out: their pools spin longer than any
+    pause that does not slow the others.
     """
 
     def __init__(self, peer: str, payload: tuple[Any, ...]) -> None:
@@ -375,6 +381,7 @@ class RemotePeer:
         if self.run.note.startswith(("failed", "not installed", "n/a")) or self.run.outputs is None:
             self.close()
         else:
+            self._signal(signal.SIGSTOP)
             self.run.fn = self
             if peer == "fusiontune":
                 self.run.profile = self.profile
@@ -388,15 +395,24 @@ class RemotePeer:
             raise reply
         return reply
 
+    def _signal(self, sig: int) -> None:
+        if self._proc.pid is not None and self._proc.is_alive():
+            os.kill(self._proc.pid, sig)
+
     def _ask(self, *message: Any) -> Any:
-        self._conn.send(message)
-        return self._reply()
+        """Resume the process, ask, take the reply, stop it again."""
+        self._signal(signal.SIGCONT)
+        try:
+            self._conn.send(message)
+            return self._reply()
+        finally:
+            self._signal(signal.SIGSTOP)
 
     def __call__(self) -> None:
         self._ask("call")
 
     def time_callable(self, cfg: Any) -> Any:
-        """``fusiontune.measure.time_callable`` of the peer, in its process, after :data:`SETTLE_S`."""
+        """``fusiontune.measure.time_callable`` of the peer, timed in its process."""
         return self._ask("time", cfg)
 
     def profile(self, inputs: dict[str, np.ndarray], rounds: int) -> dict[str, Any]:
@@ -405,6 +421,7 @@ class RemotePeer:
 
     def close(self) -> None:
         if self._proc.is_alive():
+            self._signal(signal.SIGCONT)
             try:
                 self._conn.send(("exit",))
             except (BrokenPipeError, OSError):
@@ -436,7 +453,6 @@ def _peer_process(conn: Any, peer: str, payload: tuple[Any, ...]) -> None:
                     run.fn()
                     conn.send(None)
                 elif message[0] == "time":
-                    time.sleep(SETTLE_S)
                     conn.send(time_callable(run.fn, message[1]))
                 elif message[0] == "profile":
                     from fusiontune.measure.profile import profile_program
@@ -865,7 +881,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--results", type=Path, help="markdown results file (default: benchmarks/RESULTS.md; none with --models)")
     parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
     parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
-                        help="every peer in a process of its own, their samples still interleaved (default: with more than one thread)")
+                        help="every peer in a process of its own, their samples still interleaved (default: with --models and more than one thread)")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 9)
     if args.models is not None:
@@ -890,8 +906,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     threads = args.threads or num_threads()
     os.environ["NUMBA_NUM_THREADS"] = str(threads)  # what a peer's own process starts with
     use_threads(threads)
-    if args.isolate is None:
-        args.isolate = threads > 1
+    if args.isolate is None:  # see the module docstring
+        args.isolate = threads > 1 and args.models is not None
     from fusiontune.config.fusion_config import FusionConfig
     from fusiontune.measure import machine_info
 
@@ -912,7 +928,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "",
         f"- machine: {info['cpu_model']}, {info['cpu_count']} logical CPUs ({info['cpus_usable']} usable), {platform.platform()}",
         f"- threads: {threads} for every peer (numba, onnxruntime intra-op spin-waiting up to 1 ms after its last work (benchmarks/_ort.py), torch, numexpr; JAX/XLA uses its own pool over the usable CPUs)",
-        "- processes: " + (f"every peer in its own, asked for its samples in turn, each after a {SETTLE_S * 1e3:.0f} ms pause (--isolate)" if args.isolate
+        "- processes: " + ("every peer in its own, asked for its samples in turn, the others stopped meanwhile (--isolate)" if args.isolate
                            else "one, every peer in it (--no-isolate)"),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()),
         f"- fusiontune configuration: {args.mode}; rounds: {args.rounds} interleaved, a sample >= {MIN_SAMPLE_S * 1e3:.0f} ms of calls;"
