@@ -1041,8 +1041,11 @@ def _axpy_body(win: Window, m_out: int, dtype: str, ax: str, aw: str, body: Sequ
     terms = " + ".join(f"w{j} * xs[numba.uint64({j * ss} + q)]" for j in range(k))
     return [
         f"    xf = {ax}.reshape({win.n * k * P})",
-        *([] if tail is None else [f"    o_flat = {tail.out}.reshape({tail.out}.size)"]),
         f"    for t in {prange}({win.n * nblk}):",
+        # inside the loop, as every tail's: an alias of the output taken outside a prange loop
+        # and written through in it lost the loop's stores to the output (numba's parallel
+        # lowering; 1x1 16->96 @8x8 with a SiLU: zeros in place of the conv's values)
+        *([] if tail is None else [f"        o_flat = {tail.out}.reshape({tail.out}.size)"]),
         f"        n = t // {nblk}",
         f"        p0 = (t % {nblk}) * {pb}",
         f"        pn = min({pb}, {P} - p0)",

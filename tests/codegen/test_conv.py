@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numba
 import numpy as np
 import pytest
 
 from fusiontune.codegen import NotFusable, kernel_source
+from fusiontune.codegen import conv as conv_module
 from fusiontune.codegen.conv import PACKED_PARAMS, choose_conv_algo
 from fusiontune.ir import Graph, GraphBuilder, Tensor, run_graph
 from fusiontune.passes.fused_graph import FusedGraph, Group
@@ -186,6 +188,32 @@ def test_conv_runs_a_silu_tail_flat_over_the_output(xs: tuple[int, ...], ws: tup
     graph = _graph(build)
     src = kernel_source(graph, [n.name for n in graph.nodes], schedule)
     assert ("o_flat" in src.source) == flat
+    _check(graph, schedule)
+
+
+@pytest.mark.parametrize(("xs", "ws", "schedule"), [
+    ((2, 16, 8, 8), (96, 16, 1, 1), {"conv_algo": "axpy"}),  # EfficientNet-B0's export: 2 tasks
+    ((2, 16, 32, 32), (96, 16, 1, 1), {"conv_algo": "axpy"}),  # 8 tasks
+    ((2, 16, 12, 12), (32, 16, 3, 3), {"conv_algo": "packed"}),
+])
+def test_a_silu_tail_in_a_parallel_conv_kernel_matches_reference(
+        xs: tuple[int, ...], ws: tuple[int, ...], schedule: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same tails in kernels that run in parallel (every dense conv here, whatever its size):
+    the axpy kernel took its alias of the output outside the prange loop, and numba's parallel
+    lowering then lost the loop's stores (zeros in place of the conv's values on EfficientNet-B0's
+    16 -> 96 @8x8 expansion), which the serial cases above never showed."""
+    monkeypatch.setattr(conv_module, "DENSE_PARALLEL_FACTOR", 1)
+
+    def build(g: GraphBuilder) -> Tensor:
+        pad = 1 if ws[2] > 1 else 0
+        y = g.op("Conv", g.input("x", xs), _const(g, ws, 1), _const(g, (ws[0],), 2), pads=(pad,) * 4)
+        return g.mul(y, g.sigmoid(y))
+
+    graph = _graph(build)
+    src = kernel_source(graph, [n.name for n in graph.nodes], schedule)
+    assert "o_flat" in src.source
+    if numba.config.NUMBA_NUM_THREADS > 1:
+        assert "parallel=True" in src.source
     _check(graph, schedule)
 
 
