@@ -41,10 +41,13 @@ amount that depends on where their workers land. It is the default for ``--model
 one thread (fusiontune beside onnxruntime, the corpus' setting, where it was measured), not for
 the built-in cases: there torch.compile in a process of its own took 2.7 ms or 6.6-7.8 ms on
 conv_bn_relu from one measurement to the next (the same script, one process), against 2.75 in the
-shared one, which was not explained; ``--isolate`` asks for it there too.
+shared one, which was not explained; ``--isolate`` asks for it there too. ``--also-layer LAYER``
+(with ``--isolate``) adds fusiontune once more, its process started with
+``FUSIONTUNE_THREADING=LAYER``: two threading layers timed in the same rounds, which separate runs
+on a shared machine cannot compare (their figures moved 2x between runs an hour apart here).
 
     .venv/bin/python benchmarks/peers.py [--quick] [--only NAME ...] [--rounds N] [--threads N]
-        [--config CFG | --sweep N] [--results PATH] [--json PATH] [--isolate | --no-isolate]
+        [--config CFG | --sweep N] [--results PATH] [--json PATH] [--isolate | --no-isolate] [--also-layer LAYER]
     .venv/bin/python benchmarks/peers.py --models DIR [--match SUBSTRING ...] [--skip PEER ...] ...
 """
 
@@ -486,10 +489,30 @@ def prepare_isolated(case: Case, graph: Any, path: Path, config: Any, threads: i
         remote.run.note = f"{remote.run.note}; own process" if remote.run.fn is not None else remote.run.note
         runs.append(remote.run)
         _LIVE.append(remote)
+    for layer in ALSO_LAYERS:  # fusiontune again, its process started on another threading layer
+        before = os.environ.get("FUSIONTUNE_THREADING")
+        os.environ["FUSIONTUNE_THREADING"] = layer  # what a spawned process starts with
+        try:
+            remote = RemotePeer("fusiontune", (case, path, config, threads, reference))
+        except Exception as exc:
+            runs.append(PeerRun(f"fusiontune@{layer}", note=f"failed: {str(exc).splitlines()[0][:120]}"))
+            continue
+        finally:
+            if before is None:
+                os.environ.pop("FUSIONTUNE_THREADING", None)
+            else:
+                os.environ["FUSIONTUNE_THREADING"] = before
+        remote.run.peer = f"fusiontune@{layer}"
+        remote.run.profile = None
+        remote.run.note = f"{remote.run.note}; own process, FUSIONTUNE_THREADING={layer}"
+        runs.append(remote.run)
+        _LIVE.append(remote)
     return runs
 
 
 _LIVE: list[RemotePeer] = []
+ALSO_LAYERS: list[str] = []
+"""``--also-layer``: threading layers fusiontune runs on once more, each in a process of its own."""
 
 
 def close_isolated() -> None:
@@ -882,6 +905,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
     parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                         help="every peer in a process of its own, their samples still interleaved (default: with --models and more than one thread)")
+    parser.add_argument("--also-layer", action="append", default=[], metavar="LAYER", choices=("tbb", "omp", "workqueue"),
+                        help="with --isolate: fusiontune once more, on this threading layer (FUSIONTUNE_THREADING), "
+                             "in a process of its own, timed in the same rounds (repeatable)")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 9)
     if args.models is not None:
@@ -908,6 +934,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     use_threads(threads)
     if args.isolate is None:  # see the module docstring
         args.isolate = threads > 1 and args.models is not None
+    if args.also_layer and not args.isolate:
+        parser.error("--also-layer needs --isolate: a process has one threading layer")
+    ALSO_LAYERS[:] = args.also_layer
     from fusiontune.config.fusion_config import FusionConfig
     from fusiontune.measure import machine_info
 

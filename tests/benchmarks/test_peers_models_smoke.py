@@ -101,7 +101,7 @@ def test_peers_isolate_runs_every_peer_in_a_process_of_its_own(tmp_path: Path) -
 
     figures_path = tmp_path / "peers.json"
     cmd = [sys.executable, str(PEERS), "--models", str(models), "--rounds", "2", "--threads", "1", "--isolate",
-           "--skip", "torch.compile", "--skip", "jax", "--json", str(figures_path)]  # fmt: skip
+           "--skip", "torch.compile", "--skip", "jax", "--also-layer", "omp", "--json", str(figures_path)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "- processes: every peer in its own" in proc.stdout
@@ -115,5 +115,9 @@ def test_peers_isolate_runs_every_peer_in_a_process_of_its_own(tmp_path: Path) -
         assert not peer["wrong"] and peer["max_rel"] <= case["tolerance"]
         assert peer["median_s"] > 0 and len(peer["samples_s"]) == 2
     assert case["peers"]["numexpr"]["note"].startswith(("n/a", "not installed"))
+    # --also-layer: fusiontune once more, in a process started on another threading layer
+    again = case["peers"]["fusiontune@omp"]
+    assert again["note"].endswith("own process, FUSIONTUNE_THREADING=omp"), again["note"]
+    assert not again["wrong"] and again["median_s"] > 0 and len(again["samples_s"]) == 2
     kinds = {k["kind"] for k in case["profile"]["kernels"]}  # profiled in fusiontune's process
     assert "matmul" in kinds
