@@ -8,6 +8,11 @@ defaults ("after"), the GraphFusion passes that applied (effected times, canonic
 and the defaults program's max relative error (max |a - b| / max |b|) against onnxruntime and
 against the eager PyTorch output stored beside the model. Nothing is timed: this is about what
 fusiontune recognizes and whether it computes the same thing.
+
+``--all-parallel`` generates every kernel that can run in parallel as a parallel one (the
+elementwise threshold at 64 points, every dense conv whatever its size), so that the parallel
+code paths the corpus' small sizes never reach are checked too. It found the axpy conv's SiLU tail
+losing its stores in parallel (EfficientNet-B0's exports, max_rel 18.6; fixed at f80fc52).
 """
 
 from __future__ import annotations
@@ -26,6 +31,26 @@ from fusiontune.runtime import build_program
 
 CORPUS = Path(__file__).resolve().parents[1] / "search_spaces" / "models" / "real"
 QUIET = {"ConstantFoldingPass", "IdentityEliminationPass", "CanonicalizationPass"}
+
+
+def all_parallel() -> None:
+    """Every kernel that can run in parallel generated as a parallel one, in this process (the
+    thresholds are read when a kernel's source is generated: codegen/common.py and conv.py)."""
+    from fusiontune.codegen import (
+        common,
+        contraction,
+        conv,
+        conv_transpose,
+        index,
+        layout,
+        loopnest,
+        pool,
+        rotary,
+    )
+
+    for module in (common, contraction, conv, conv_transpose, index, layout, loopnest, pool, rotary):
+        module.PARALLEL_MIN_ELEMENTS = 64  # type: ignore[attr-defined]
+    conv.DENSE_PARALLEL_FACTOR = 1
 
 
 def _max_rel(got: np.ndarray, want: np.ndarray) -> float:
@@ -69,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="only files whose name contains this")
     parser.add_argument("--markdown", action="store_true", help="a markdown table")
+    parser.add_argument("--all-parallel", action="store_true",
+                        help="every kernel that can run in parallel generated as a parallel one")
     args = parser.parse_args(argv)
+    if args.all_parallel:
+        all_parallel()
     try:
         import onnxruntime as ort
     except ImportError:
