@@ -1483,7 +1483,6 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
         "        r0 = (t % k_nblk) * k_rows",
         "        r1 = min(r0 + k_rows, k_oh)",
         "        nrow = r1 - r0 + k_halo",
-        f"        xp = np.empty((k_nph, k_cg, k_cs), dtype=np.{dtype})",
     ]
     # Every element of xp is written once: the input where the grid is inside it, zero elsewhere
     # (padding, rows past the block, and the slack the last calls read past the grid). A unit
@@ -1496,54 +1495,12 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     # 0.19 with literals). Several planes loop over the tables: written out once per plane, the
     # copy made a 224x224 stride-2 stem take 10 s to compile.
     plane = ("pl_a[pi]", "pl_b[pi]", "pl_u0[pi]", "pl_u1[pi]") if nph > 1 else tuple(str(v) for v in planes[0])
-    # At column stride 2 without a prologue, each input row is first split into its even and odd
-    # columns (``de``), one loop that reads the row at unit stride and that LLVM vectorizes as an
-    # interleaved pair; the phase plane then copies a contiguous run of one half. Read at stride 2
-    # in the plane's own loop, the copy ran scalar: SqueezeNet's stem (3x3 s2 3->16 @64, batch 2)
-    # took 28 us against 14.5 for the same conv at stride 1 on a 33x33 input.
-    split = win.sw == 2 and not fill_with.elem and fill_with.value == "xi0[COL]"
-    if split:
-        half = [
-            "for j in range(xi0.shape[0] // 2):",  # a bound LLVM cannot see: a constant one unrolled it
-            f"    de[0, {_ix('j')}] = xi0[{_ix('2 * j')}]",
-            f"    de[1, {_ix('j')}] = xi0[{_ix('2 * j + 1')}]",
-            *([f"de[0, {win.w // 2}] = xi0[{win.w - 1}]"] if win.w % 2 else []),
-            "dp = de[pb % 2]",
-            "dq = pb // 2",
-        ]
-        value = f"dp[{_ix('u + dq')}]"
-        out.append(f"        de = np.empty((2, {(win.w + 1) // 2}), dtype=np.{dtype})")
+    rows_phases = sorted({a for a, _ in geo.phases})
+    if (win.sw > 1 and not fill_with.elem and fill_with.value == "xi0[COL]"
+            and len(geo.phases) == len(rows_phases) * win.sw):
+        fill = _phase_rows_fill(win, geo, planes, rows_phases, fill_with, dtype)
     else:
-        half, value = [], fill_with.value.replace("COL", col)
-    fill: list[str] = [
-        "for pi in range(k_nph):",
-        f"    pa = {plane[0]}",
-        f"    pb = {plane[1]}",
-        f"    u0 = {plane[2]}",
-        f"    u1 = {plane[3]}",
-        "    for c in range(k_cg):",
-        "        ci = g * k_cg + c",
-        *("        " + s for s in fill_with.chan),
-        "        xr = xp[pi, c]",
-        "        for i in range(k_rows + k_halo):",
-        "            ih = (r0 + i) * k_sh + pa",
-        "            q = i * k_wp",
-        "            if i < nrow and ih >= 0 and ih < k_h:",
-        *("                " + s for s in fill_with.rows),
-        *("                " + s for s in half),
-        "                for u in range(u0):",
-        f"                    xr[{_ix('q + u')}] = 0.0",
-        "                for u in range(u0, u1):",
-        *("                    " + s.replace("COL", col) for s in fill_with.elem),
-        f"                    xr[{_ix('q + u')}] = {value}",
-        "                for u in range(u1, k_wp):",
-        f"                    xr[{_ix('q + u')}] = 0.0",
-        "            else:",
-        "                for u in range(k_wp):",
-        f"                    xr[{_ix('q + u')}] = 0.0",
-        "        for u in range(grid_end, k_cs):",
-        "            xr[u] = 0.0",
-    ]
+        fill = _planes_fill(win, col, plane, fill_with, dtype, out)
     fill += ["src = xp.ctypes.data", "ld = k_cs"]
     # A 1x1 conv copies its block too: read in place (channel stride H*W, 12.5 KB at 56x56) it ran
     # 1x1 64->256 @56 in 0.98 ms against 0.86 copied, the copy's short stride keeping the
@@ -1593,3 +1550,117 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
             *_epilogue_lines(body, "                    "),
         ]
     return out, params
+
+
+def _planes_fill(win: Window, col: str, plane: tuple[str, ...], fill_with: Fill, dtype: str,
+                 out: list[str]) -> list[str]:
+    """The packed kernel's input copy plane by plane (``xp`` allocated, not cleared): each phase
+    plane's rows from the input's rows of its row phase, its pad columns, the rows outside the
+    input and the slack zeroed as it goes. A prologue runs here.
+
+    At column stride 2 without a prologue (a strided conv whose taps do not read every column
+    phase, such as a 1x1 at stride 2: else :func:`_phase_rows_fill`), each input row is first
+    split into its even and odd columns (``de``, its allocation added to ``out``), one loop that
+    reads the row at unit stride and that LLVM vectorizes as an interleaved pair; the phase plane
+    then copies a contiguous run of one half. Read at stride 2 in the plane's own loop, the copy
+    ran scalar: SqueezeNet's stem (3x3 s2 3->16 @64, batch 2) took 28 us against 14.5 for the
+    same conv at stride 1 on a 33x33 input."""
+    split = win.sw == 2 and not fill_with.elem and fill_with.value == "xi0[COL]"
+    if split:
+        half = [
+            "for j in range(xi0.shape[0] // 2):",  # a bound LLVM cannot see: a constant one unrolled it
+            f"    de[0, {_ix('j')}] = xi0[{_ix('2 * j')}]",
+            f"    de[1, {_ix('j')}] = xi0[{_ix('2 * j + 1')}]",
+            *([f"de[0, {win.w // 2}] = xi0[{win.w - 1}]"] if win.w % 2 else []),
+            "dp = de[pb % 2]",
+            "dq = pb // 2",
+        ]
+        value = f"dp[{_ix('u + dq')}]"
+        out.append(f"        de = np.empty((2, {(win.w + 1) // 2}), dtype=np.{dtype})")
+    else:
+        half, value = [], fill_with.value.replace("COL", col)
+    fill: list[str] = [
+        f"xp = np.empty((k_nph, k_cg, k_cs), dtype=np.{dtype})",
+        "for pi in range(k_nph):",
+        f"    pa = {plane[0]}",
+        f"    pb = {plane[1]}",
+        f"    u0 = {plane[2]}",
+        f"    u1 = {plane[3]}",
+        "    for c in range(k_cg):",
+        "        ci = g * k_cg + c",
+        *("        " + s for s in fill_with.chan),
+        "        xr = xp[pi, c]",
+        "        for i in range(k_rows + k_halo):",
+        "            ih = (r0 + i) * k_sh + pa",
+        "            q = i * k_wp",
+        "            if i < nrow and ih >= 0 and ih < k_h:",
+        *("                " + s for s in fill_with.rows),
+        *("                " + s for s in half),
+        "                for u in range(u0):",
+        f"                    xr[{_ix('q + u')}] = 0.0",
+        "                for u in range(u0, u1):",
+        *("                    " + s.replace("COL", col) for s in fill_with.elem),
+        f"                    xr[{_ix('q + u')}] = {value}",
+        "                for u in range(u1, k_wp):",
+        f"                    xr[{_ix('q + u')}] = 0.0",
+        "            else:",
+        "                for u in range(k_wp):",
+        f"                    xr[{_ix('q + u')}] = 0.0",
+        "        for u in range(grid_end, k_cs):",
+        "            xr[u] = 0.0",
+    ]
+    return fill
+
+
+def _zero(target: str, lo: int, hi: int, indent: str) -> list[str]:
+    """Statements zeroing ``target[lo:hi]`` of an xp row (``target`` ends in the row's base
+    index): a literal store each up to 4 elements, a loop beyond."""
+    if hi - lo <= 4:
+        return [f"{indent}xp[{target} + {u}] = 0.0" for u in range(lo, hi)]
+    return [f"{indent}for u in range({lo}, {hi}):", f"{indent}    xp[{target} + u] = 0.0"]
+
+
+def _phase_rows_fill(win: Window, geo: PackedGeometry, planes: Sequence[tuple[int, int, int, int]],
+                     rows_phases: Sequence[int], fill_with: Fill, dtype: str) -> list[str]:
+    """The packed kernel's input copy of a strided conv whose taps read every column phase of
+    the row phases they read (a 3x3, 7x7 or 4x4 window at stride 2 or 4, not a 1x1): each input
+    row is read once, at unit stride, its ``sw`` interleaved columns stored into their phase
+    planes in one loop (a load group LLVM vectorizes, as the plane kernel's
+    :func:`_plane_row_copy`); the planes' pad columns are literal stores, rows outside the input
+    and the rows and slack past the block zeroed as runs. ``planes``: per phase of ``geo``,
+    (row offset, column offset, first and end grid column inside the input), as
+    :func:`_packed_body` computes them. Plane by plane, each row was split once per plane and
+    copied in three short loops; against that, the conv alone (one thread, batch 2, the two
+    kernels interleaved in one process, median of 15 rounds): SqueezeNet's stem 3x3 s2 3->16
+    @64 1.20x faster, MobileNetV3's 3x3 s2 p1 3->8 @64 1.26x, ResNet-18's 7x7 s2 3->8 @64 1.10x,
+    ConvNeXt's 4x4 s4 patchify 3->8 @64 1.39x, ViT's 8x8 s8 3->64 @32 1.55x, 3x3 s2 16->32 @32
+    1.22x, 3x3 s2 64->64 @56 1.12x. Cleared first with ``np.zeros`` instead, the last but one was
+    0.84x: numba's np.zeros took 5 us for 77 KB."""
+    cp = phase_copy(win, geo.wp)
+    wp = geo.wp
+    pidx = {ab: i for i, ab in enumerate(geo.phases)}
+    count = str(cp.full) if cp.full < PLANE_COPY_UNROLL else f"xi0.shape[0] // {win.sw} - {win.w // win.sw - cp.full}"
+    fill = [f"xp = np.empty((k_nph, k_cg, k_cs), dtype=np.{dtype})",
+            "for c in range(k_cg):",
+            "    ci = g * k_cg + c",
+            "    for i in range(nrow):",
+            "        q = i * k_wp"]
+    for a in rows_phases:
+        d = a - win.ph
+        fill += [f"        ih = (r0 + i) * k_sh {'-' if d < 0 else '+'} {abs(d)}",
+                 "        if ih >= 0 and ih < k_h:",
+                 *("            " + s for s in fill_with.rows),
+                 f"            for j in range({count}):"]
+        fill += [f"                xp[{pidx[a, b]}, c, {_ix(f'q + j + {o}')}] = xi0[{_ix(f'j * {win.sw} + {e}')}]"
+                 for e, b, o in cp.lead]
+        fill += [f"            xp[{pidx[a, b]}, c, q + {u}] = xi0[{cl}]" for cl, b, u in cp.tail]
+        for b in range(win.sw):
+            _, _, u0, u1 = planes[pidx[a, b]]
+            fill += _zero(f"{pidx[a, b]}, c, q", 0, u0, "            ")
+            fill += _zero(f"{pidx[a, b]}, c, q", u1, wp, "            ")
+        fill += ["        else:"]
+        fill += [s for b in range(win.sw) for s in _zero(f"{pidx[a, b]}, c, q", 0, wp, "            ")]
+    fill += ["    for pi in range(k_nph):",
+             "        for u in range(nrow * k_wp, k_cs):",
+             "            xp[pi, c, u] = 0.0"]
+    return fill

@@ -423,12 +423,55 @@ def test_unknown_conv_algo_is_an_error() -> None:
 def test_conv_with_a_relu_or_clip_epilogue_indexes_unsigned(act: str) -> None:
     """Relu and Clip are selects (``np.maximum``, ``np.minimum``), not libm calls: their kernels
     index with unsigned integers (module docstring, "Index arithmetic"), which lets LLVM vectorize
-    the input copy, here at stride 2, where each input row is split into even and odd columns."""
+    the input copy at stride 2: a 3x3 window's rows go to both column phases in one loop, a 1x1's
+    are split into even and odd columns first."""
     graph = _graph(lambda g: g.op(act, g.op("Conv", g.input("x", (2, 3, 13, 12)), _const(g, (8, 3, 3, 3), 1),
                                             strides=(2, 2), pads=(1, 1, 1, 1))))
     src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "packed"})
+    assert "= xi0[numba.uint64(j * 2 + 0)]" in src.source and "= xi0[numba.uint64(j * 2 + 1)]" in src.source
+    _check(graph, {"conv_algo": "packed"})
+    graph = _graph(lambda g: g.op(act, g.op("Conv", g.input("x", (2, 3, 13, 12)), _const(g, (8, 3, 1, 1), 1),
+                                            strides=(2, 2))))
+    src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "packed"})
     assert "de[0, numba.uint64(j)] = xi0[numba.uint64(2 * j)]" in src.source
     _check(graph, {"conv_algo": "packed"})
+
+
+@pytest.mark.parametrize(
+    ("xs", "ws", "attrs", "rows"),
+    [
+        # SqueezeNet's stem: no padding, the rows of one block split in two
+        ((2, 3, 16, 16), (8, 3, 3, 3), {"strides": (2, 2)}, 3),
+        # odd width, padding on every side, blocks of one row (the halo row is the next block's)
+        ((2, 3, 15, 13), (8, 3, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}, 1),
+        # 7x7 stem: three pad columns, rows above and below the input in every block
+        ((1, 3, 21, 19), (8, 3, 7, 7), {"strides": (2, 2), "pads": (3, 3, 3, 3)}, 2),
+        # patchify (ConvNeXt 4x4 s4, ViT 8x8 s8): no grid column outside the input; a last column
+        # past every window
+        ((2, 3, 17, 17), (8, 3, 4, 4), {"strides": (4, 4)}, 0),
+        ((1, 3, 16, 40), (16, 3, 8, 8), {"strides": (8, 8)}, 0),
+        # a dilated strided window, asymmetric pads, more than 16 column groups (a run-time count)
+        ((1, 2, 9, 70), (4, 2, 3, 3), {"strides": (2, 2), "dilations": (1, 3), "pads": (0, 2, 1, 3)}, 0),
+    ],
+)
+def test_strided_packed_conv_copies_each_row_into_its_phase_planes_once(
+        xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict[str, object], rows: int) -> None:
+    """A strided conv whose taps read every column phase copies each input row once into all of
+    them (conv.py ``_phase_rows_fill``), with the pads, the rows outside the input and the slack
+    past the block written as zeros rather than cleared beforehand: every element of the planes
+    a tap reads must be written, which these shapes cover (pads of 0 to 3 columns, a last block
+    shorter than the others)."""
+    graph = _graph(lambda g: g.op("Relu", g.op("Conv", g.input("x", xs), _const(g, ws, 1), **attrs)))
+    schedule: dict[str, object] = {"conv_algo": "packed", **({"conv_rows": rows} if rows else {})}
+    src = kernel_source(graph, [n.name for n in graph.nodes], schedule)
+    assert "de[0," not in src.source
+    prog = build_program(_one_kernel(graph, schedule))
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # runs after the first reuse the planes' memory: an element not written shows
+        x = rng.standard_normal(xs).astype(np.float32)
+        got = prog.run({"x": x})[graph.outputs[0]]
+        np.testing.assert_allclose(got, run_graph(graph, {"x": x}, dtype="float64")[graph.outputs[0]],
+                                   rtol=RTOL, atol=ATOL)
 
 
 def test_a_serial_packed_conv_is_not_cut_into_blocks_for_threads(monkeypatch: pytest.MonkeyPatch) -> None:
