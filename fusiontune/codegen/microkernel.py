@@ -499,6 +499,77 @@ def transposes(dtype: str) -> tuple[types.ExternalFunction, types.ExternalFuncti
             types.ExternalFunction(sym_out, types.void(*([types.intp] * 5))))
 
 
+
+def rows_copy_symbol(dtype: str) -> str:
+    """The symbol of ``dtype``'s strided row copy (:func:`rows_copy`)."""
+    return f"fusiontune_rows_{dtype}_{lanes(dtype)}"
+
+
+def _rows_copy_ir(dtype: str) -> str:
+    """LLVM IR of :func:`rows_copy`: each row in masked vector loads and stores of ``VW`` lanes,
+    the mask cutting the row's last vector."""
+    t = _LLVM_TYPE[dtype]
+    vw = lanes(dtype)
+    vt, it, mt = f"<{vw} x {t}>", f"<{vw} x i64>", f"<{vw} x i1>"
+    bits = 32 if t == "float" else 64
+    mload, mstore = f"@llvm.masked.load.v{vw}f{bits}.p0", f"@llvm.masked.store.v{vw}f{bits}.p0"
+    iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
+    return "\n".join([
+        f"define void @{rows_copy_symbol(dtype)}(i64 %rows, i64 %cols, i64 %S, i64 %lds, i64 %D, i64 %ldd) #0 {{",
+        "entry:",
+        "  %ps = inttoptr i64 %S to ptr",
+        "  %pd = inttoptr i64 %D to ptr",
+        *_splat("cv", it, vw, "%cols"),
+        "  %any = icmp sgt i64 %rows, 0",
+        "  %anyc = icmp sgt i64 %cols, 0",
+        "  %go = and i1 %any, %anyc",
+        "  br i1 %go, label %row, label %done",
+        "row:",
+        "  %r = phi i64 [0, %entry], [%r1, %rowend]",
+        "  %so = mul i64 %r, %lds",
+        "  %do = mul i64 %r, %ldd",
+        "  br label %chunk",
+        "chunk:",
+        "  %c0 = phi i64 [0, %row], [%c1, %chunk]",
+        *_splat("c0v", it, vw, "%c0"),
+        f"  %ck = add {it} %c0v, {iota}",
+        f"  %m = icmp slt {it} %ck, %cv",
+        "  %sa = add i64 %so, %c0",
+        "  %da = add i64 %do, %c0",
+        f"  %sp = getelementptr {t}, ptr %ps, i64 %sa",
+        f"  %dp = getelementptr {t}, ptr %pd, i64 %da",
+        f"  %v = call {vt} {mload}(ptr %sp, i32 4, {mt} %m, {vt} poison)",
+        f"  call void {mstore}({vt} %v, ptr %dp, i32 4, {mt} %m)",
+        f"  %c1 = add i64 %c0, {vw}",
+        "  %more = icmp slt i64 %c1, %cols",
+        "  br i1 %more, label %chunk, label %rowend",
+        "rowend:",
+        "  %r1 = add i64 %r, 1",
+        "  %rm = icmp slt i64 %r1, %rows",
+        "  br i1 %rm, label %row, label %done",
+        "done:",
+        "  ret void",
+        "}",
+        f"declare {vt} {mload}(ptr, i32, {mt}, {vt})",
+        f"declare void {mstore}({vt}, ptr, i32, {mt})",
+        'attributes #0 = { nounwind "frame-pointer"="none" }',
+    ]) + "\n"
+
+
+@functools.cache
+def rows_copy(dtype: str) -> types.ExternalFunction:
+    """A strided copy of ``rows`` rows of ``cols`` elements, compiled once per process::
+
+        rcp(rows, cols, S, lds, D, ldd)    # D[r * ldd + c] = S[r * lds + c], r < rows, c < cols
+
+    Each row is whole vectors, the last one masked, whatever ``cols`` is. numba's loop over a
+    row of a run-time width runs scalar below its vector loop's step (16 lanes, unrolled): the
+    rows of 7 to 31 outputs of a small conv's grid (codegen/conv.py, the packed kernel's
+    ``rows`` layout) were copied one element at a time."""
+    _jit(_rows_copy_ir(dtype), rows_copy_symbol(dtype))
+    return types.ExternalFunction(rows_copy_symbol(dtype), types.void(*([types.intp] * 6)))
+
+
 def block_index(s: Shape) -> int:
     """``s``'s ``which`` for :func:`dispatcher`."""
     return blocks().index((s.mr, s.nv))

@@ -12,7 +12,7 @@ import numba
 import numpy as np
 import pytest
 
-from fusiontune.codegen import NotFusable, kernel_source
+from fusiontune.codegen import NotFusable, kernel_source, microkernel
 from fusiontune.codegen import conv as conv_module
 from fusiontune.codegen.conv import PACKED_PARAMS, choose_conv_algo
 from fusiontune.ir import Graph, GraphBuilder, Tensor, run_graph
@@ -435,6 +435,25 @@ def test_conv_with_a_relu_or_clip_epilogue_indexes_unsigned(act: str) -> None:
     src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "packed"})
     assert "de[0, numba.uint64(j)] = xi0[numba.uint64(2 * j)]" in src.source
     _check(graph, {"conv_algo": "packed"})
+
+
+
+@pytest.mark.parametrize(("h", "w", "rows"), [(15, 15, 0), (7, 7, 3), (9, 31, 2), (5, 16, 0)])
+def test_rows_layout_epilogue_over_a_gathered_run_matches_reference(h: int, w: int, rows: int) -> None:
+    """The packed ``rows`` layout gathers a channel's output rows out of the grid (microkernel
+    rows_copy) and runs the epilogue (bias, a residual read at each position, Relu) over them
+    as one run, when the output width is not a whole number of vectors (15, 7, 31; 16 keeps the
+    per-row loop); with blocks of rows, each block's run starts at its own first row."""
+    def build(g: GraphBuilder) -> Tensor:
+        y = g.op("Conv", g.input("x", (2, 5, h, w)), _const(g, (12, 5, 3, 3), 1), _const(g, (12,), 2),
+                 pads=(1, 1, 1, 1))
+        return g.op("Relu", g.op("Add", y, g.input("r", (2, 12, h, w))))
+
+    graph = _graph(build)
+    schedule: dict[str, object] = {"conv_algo": "packed", "conv_orient": "rows", **({"conv_rows": rows} if rows else {})}
+    src = kernel_source(graph, [n.name for n in graph.nodes], schedule)
+    assert ("rcp(" in src.source) == (w % microkernel.lanes("float32") != 0)
+    _check(graph, schedule)
 
 
 @pytest.mark.parametrize(

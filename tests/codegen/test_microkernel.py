@@ -165,3 +165,24 @@ def test_channels_last_transposes_match_numpy(dtype: str, n: int, cw: int) -> No
     tout(n, y, cw, t, ldt)
     np.testing.assert_array_equal(t[:cw, :n], y[:n, :cw].T)
     assert np.all(t[cw:] == 7)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("rows", "cols", "lds", "ldd"), [(3, 7, 10, 7), (5, 31, 32, 31), (2, 16, 17, 16),
+                                                          (4, 33, 40, 35), (1, 1, 1, 1), (0, 5, 5, 5), (3, 0, 4, 4)])
+def test_rows_copy_copies_each_row_and_nothing_else(dtype: str, rows: int, cols: int, lds: int, ldd: int) -> None:
+    """rcp copies ``rows`` rows of ``cols`` elements between strides: whole vectors and a masked
+    last one per row, whatever the width; nothing past a row's end is read into or written."""
+    rcp = microkernel.rows_copy(dtype)
+
+    @numba.njit
+    def copy(rows, cols, s, lds, d, ldd):  # type: ignore[no-untyped-def]
+        rcp(rows, cols, s.ctypes.data, lds, d.ctypes.data, ldd)
+
+    src = np.arange(max(1, rows) * lds + 64, dtype=dtype)
+    dst = np.full(max(1, rows) * ldd + 64, -1, dtype=dtype)
+    copy(rows, cols, src, lds, dst, ldd)
+    want = np.full_like(dst, -1)
+    for r in range(rows):
+        want[r * ldd:r * ldd + cols] = src[r * lds:r * lds + cols]
+    np.testing.assert_array_equal(dst, want)
