@@ -500,22 +500,42 @@ def transposes(dtype: str) -> tuple[types.ExternalFunction, types.ExternalFuncti
 
 
 
-def rows_copy_symbol(dtype: str) -> str:
-    """The symbol of ``dtype``'s strided row copy (:func:`rows_copy`)."""
-    return f"fusiontune_rows_{dtype}_{lanes(dtype)}"
+def rows_copy_symbol(dtype: str, step: int = 1) -> str:
+    """The symbol of ``dtype``'s strided row copy (:func:`rows_copy`) reading every ``step``-th
+    element."""
+    return f"fusiontune_rows{step}_{dtype}_{lanes(dtype)}"
 
 
-def _rows_copy_ir(dtype: str) -> str:
-    """LLVM IR of :func:`rows_copy`: each row in masked vector loads and stores of ``VW`` lanes,
-    the mask cutting the row's last vector."""
+def _rows_copy_ir(dtype: str, step: int) -> str:
+    """LLVM IR of :func:`rows_copy`: each row in vectors of ``VW`` outputs, masked loads and
+    stores cutting the row's last vector. At ``step`` 2 a vector of outputs is the even lanes of
+    two loaded vectors (one two-register shuffle)."""
     t = _LLVM_TYPE[dtype]
     vw = lanes(dtype)
     vt, it, mt = f"<{vw} x {t}>", f"<{vw} x i64>", f"<{vw} x i1>"
     bits = 32 if t == "float" else 64
     mload, mstore = f"@llvm.masked.load.v{vw}f{bits}.p0", f"@llvm.masked.store.v{vw}f{bits}.p0"
-    iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
+
+    def iota(start: int) -> str:
+        return "<" + ", ".join(f"i64 {start + i}" for i in range(vw)) + ">"
+
+    if step == 1:
+        load = [f"  %v = call {vt} {mload}(ptr %sp, i32 4, {mt} %m, {vt} poison)"]
+    elif step == 2:
+        # the source elements a vector of outputs reads: 2 * (c0 + lane), lane < cols - c0; the
+        # loads read up to the last of them (element 2 * (cols - 1)), not past it
+        evens = "<" + ", ".join(f"i32 {2 * i}" for i in range(vw)) + ">"
+        load = [*_splat("lastv", it, vw, "%last"),
+                f"  %ma = icmp sle {it} {iota(0)}, %lastv",
+                f"  %mb = icmp sle {it} {iota(vw)}, %lastv",
+                f"  %va = call {vt} {mload}(ptr %sp, i32 4, {mt} %ma, {vt} poison)",
+                f"  %spb = getelementptr {t}, ptr %sp, i64 {vw}",
+                f"  %vb = call {vt} {mload}(ptr %spb, i32 4, {mt} %mb, {vt} poison)",
+                f"  %v = shufflevector {vt} %va, {vt} %vb, <{vw} x i32> {evens}"]
+    else:
+        raise ValueError(f"rows_copy: step {step} (1 or 2)")
     return "\n".join([
-        f"define void @{rows_copy_symbol(dtype)}(i64 %rows, i64 %cols, i64 %S, i64 %lds, i64 %D, i64 %ldd) #0 {{",
+        f"define void @{rows_copy_symbol(dtype, step)}(i64 %rows, i64 %cols, i64 %S, i64 %lds, i64 %D, i64 %ldd) #0 {{",
         "entry:",
         "  %ps = inttoptr i64 %S to ptr",
         "  %pd = inttoptr i64 %D to ptr",
@@ -532,13 +552,18 @@ def _rows_copy_ir(dtype: str) -> str:
         "chunk:",
         "  %c0 = phi i64 [0, %row], [%c1, %chunk]",
         *_splat("c0v", it, vw, "%c0"),
-        f"  %ck = add {it} %c0v, {iota}",
+        f"  %ck = add {it} %c0v, {iota(0)}",
         f"  %m = icmp slt {it} %ck, %cv",
-        "  %sa = add i64 %so, %c0",
+        f"  %sc = mul i64 %c0, {step}",
+        "  %sa = add i64 %so, %sc",
         "  %da = add i64 %do, %c0",
+        # the last source element this vector reads, relative to its first (step 2)
+        "  %rem = sub i64 %cols, %c0",
+        f"  %last0 = mul i64 %rem, {step}",
+        f"  %last = sub i64 %last0, {step}",
         f"  %sp = getelementptr {t}, ptr %ps, i64 %sa",
         f"  %dp = getelementptr {t}, ptr %pd, i64 %da",
-        f"  %v = call {vt} {mload}(ptr %sp, i32 4, {mt} %m, {vt} poison)",
+        *load,
         f"  call void {mstore}({vt} %v, ptr %dp, i32 4, {mt} %m)",
         f"  %c1 = add i64 %c0, {vw}",
         "  %more = icmp slt i64 %c1, %cols",
@@ -557,18 +582,20 @@ def _rows_copy_ir(dtype: str) -> str:
 
 
 @functools.cache
-def rows_copy(dtype: str) -> types.ExternalFunction:
-    """A strided copy of ``rows`` rows of ``cols`` elements, compiled once per process::
+def rows_copy(dtype: str, step: int = 1) -> types.ExternalFunction:
+    """A strided copy of ``rows`` rows of ``cols`` elements, every ``step``-th (1 or 2) element
+    of a source row, compiled once per process::
 
-        rcp(rows, cols, S, lds, D, ldd)    # D[r * ldd + c] = S[r * lds + c], r < rows, c < cols
+        rcp(rows, cols, S, lds, D, ldd)    # D[r * ldd + c] = S[r * lds + c * step], r < rows, c < cols
 
-    Each row is whole vectors, the last one masked, whatever ``cols`` is. numba's loop over a
-    row of a run-time width runs scalar below its vector loop's step (16 lanes, unrolled): the
-    rows of 7 to 31 outputs of a small conv's grid (codegen/conv.py, the packed kernel's
-    ``rows`` layout) were copied one element at a time."""
-    _jit(_rows_copy_ir(dtype), rows_copy_symbol(dtype))
-    return types.ExternalFunction(rows_copy_symbol(dtype), types.void(*([types.intp] * 6)))
-
+    Each row is whole vectors of outputs, the last one masked, whatever ``cols`` is; no source
+    element past a row's last one read is loaded. numba's loop over a row of a run-time width
+    runs scalar below its vector loop's step (16 lanes, unrolled), and a read at stride 2 alone
+    did not vectorize: the rows of 7 to 31 outputs of a small conv's grid (codegen/conv.py, the
+    packed kernel's ``rows`` layout) and a strided pool's outputs read at their windows' corners
+    (codegen/pool.py) were copied one element at a time."""
+    _jit(_rows_copy_ir(dtype, step), rows_copy_symbol(dtype, step))
+    return types.ExternalFunction(rows_copy_symbol(dtype, step), types.void(*([types.intp] * 6)))
 
 def block_index(s: Shape) -> int:
     """``s``'s ``which`` for :func:`dispatcher`."""

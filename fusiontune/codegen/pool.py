@@ -156,7 +156,7 @@ def generate_pool_kernel(node: Node, values: dict[str, Value], name: str) -> Ker
     else:
         lines += _average_lines(win, dt, prange)
     code = "\n".join(lines) + "\n"
-    source = kernel_header(code) + code
+    source = kernel_header(code, _gather_imports(code, dt)) + code
     nbytes = (x.size + y.size) * np.dtype(dt).itemsize
     flops = y.size * win.kh * win.kw
     return KernelSource(name, source, args, "window", nbytes, flops)
@@ -231,12 +231,43 @@ def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
         f"                hm[i] = {hexpr}",
         f"            for i in range({nv}):",
         f"                vm[i] = {vexpr}",
+    ]
+    lines += _gather_outputs(win, dt, "vm.ctypes.data", win.sh * wp, win.sw, "v", "            ") or [
         f"            for oh in range({win.oh}):",
         f"                r = oh * {win.sh * wp}",
         "                for ow in range(ow_n):",
         f"                    a1[n, c, oh, ow] = vm[r + ow * {win.sw}]",
     ]
     return lines
+
+
+GATHER_MIN_WIDTH = 7
+"""Output rows at least this wide are copied out of a pool's scratch by
+:func:`~fusiontune.codegen.microkernel.rows_copy` (masked vectors; at stride 2 two-register
+shuffles), narrower ones by numba's loop, which reads the corners one at a time. One thread, a
+MaxPool kernel alone against the same kernel with the loop, interleaved (batch 2, 3x3 s2,
+ceil_mode): 16 @31 (15-wide rows) 1.38x, 32 @15 (7) 1.15x, 64 @7 (3) 0.97x; 64 @31 1.69x."""
+
+
+def _gather_outputs(win: Window, dt: str, src: str, lds: int, step: int, plane: str, indent: str) -> list[str]:
+    """Statements that write plane ``plane`` (its flat index ``n * C + c``) of the output from the
+    scratch run at address ``src`` whose output row ``oh`` starts ``oh * lds`` elements in, output
+    ``ow`` at ``ow * step`` (1 or 2) from there, as one call of ``rg<step>``
+    (:func:`~fusiontune.codegen.microkernel.rows_copy`, imported by :func:`_gather_imports`);
+    empty where that does not apply (rows narrower than :data:`GATHER_MIN_WIDTH`, another step,
+    a dtype other than float32 and float64)."""
+    if step not in (1, 2) or dt not in ("float32", "float64") or win.ow < GATHER_MIN_WIDTH:
+        return []
+    isz = np.dtype(dt).itemsize
+    return [f"{indent}rg{step}({win.oh}, ow_n, {src}, {lds}, a1.ctypes.data + {plane} * {win.oh * win.ow * isz}, ow_n)"]
+
+
+def _gather_imports(code: str, dt: str) -> list[str]:
+    """The imports of the ``rg<step>`` that ``code`` calls (:func:`_gather_outputs`)."""
+    steps = [step for step in (1, 2) if f"rg{step}(" in code]
+    if not steps:
+        return []
+    return ["from fusiontune.codegen.microkernel import rows_copy", *(f"rg{k} = rows_copy({dt!r}, {k})" for k in steps)]
 
 
 def _max_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
@@ -256,7 +287,7 @@ def _max_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
         f"                hm[{_ix('i')}] = {hexpr}",
         f"            for i in range(run - {reach_h + reach_v}):",
         f"                vm[{_ix('i')}] = {vexpr}",
-        *_run_outputs(win, "vm[r + ow * {sw}]"),
+        *_run_outputs(win, "vm[r + ow * {sw}]", dt, "vm"),
     ]
 
 
@@ -292,9 +323,17 @@ def _chunk_loop(win: Window, dt: str, prange: str, per: int, scratch: Sequence[s
     ]
 
 
-def _run_outputs(win: Window, value: str) -> list[str]:
+def _run_outputs(win: Window, value: str, dt: str = "", gather: str = "") -> list[str]:
     """The outputs of a chunk of planes ``v0 .. v1``: each read at its window's corner
-    ``r + ow * sw`` of the chunk's run (``value``, with ``{sw}`` for the stride)."""
+    ``r + ow * sw`` of the chunk's run (``value``, with ``{sw}`` for the stride), or, where
+    ``value`` is a plain read of the scratch run ``gather``, copied out of it in vectors
+    (:func:`_gather_outputs`)."""
+    if gather:
+        isz = np.dtype(dt).itemsize
+        lines = _gather_outputs(win, dt, f"{gather}.ctypes.data + (v - v0) * {win.h * win.w * isz}",
+                                win.sh * win.w, win.sw, "v", "                ")
+        if lines:
+            return ["            for v in range(v0, v1):", *lines]
     return [
         "            for v in range(v0, v1):",
         f"                c = v % {win.c}",
@@ -412,6 +451,13 @@ def _phase_lines(win: Window, dt: str, prange: str, threads: int, average: bool 
     lines += [
         f"            for q in range((v1 - v0 - 1) * {size} + span):",
         f"                og[{_ix('q')}] = {expr}",
+    ]
+    isz = np.dtype(dt).itemsize
+    gather = [] if average else _gather_outputs(win, dt, f"og.ctypes.data + (v - v0) * {size * isz}", wg, 1, "v",
+                                                "                ")
+    if gather:
+        return [*lines, "            for v in range(v0, v1):", *gather]
+    lines += [
         "            for v in range(v0, v1):",
         f"                c = v % {win.c}",
         f"                n = v // {win.c}",

@@ -168,12 +168,15 @@ def test_channels_last_transposes_match_numpy(dtype: str, n: int, cw: int) -> No
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize(("rows", "cols", "lds", "ldd"), [(3, 7, 10, 7), (5, 31, 32, 31), (2, 16, 17, 16),
-                                                          (4, 33, 40, 35), (1, 1, 1, 1), (0, 5, 5, 5), (3, 0, 4, 4)])
-def test_rows_copy_copies_each_row_and_nothing_else(dtype: str, rows: int, cols: int, lds: int, ldd: int) -> None:
-    """rcp copies ``rows`` rows of ``cols`` elements between strides: whole vectors and a masked
-    last one per row, whatever the width; nothing past a row's end is read into or written."""
-    rcp = microkernel.rows_copy(dtype)
+@pytest.mark.parametrize("step", [1, 2])
+@pytest.mark.parametrize(("rows", "cols", "lds", "ldd"), [(3, 7, 20, 7), (5, 31, 62, 31), (2, 16, 34, 16),
+                                                          (4, 33, 70, 35), (1, 1, 1, 1), (0, 5, 10, 5), (3, 0, 4, 4)])
+def test_rows_copy_copies_each_row_and_nothing_else(dtype: str, step: int, rows: int, cols: int, lds: int,
+                                                    ldd: int) -> None:
+    """rcp copies ``rows`` rows of ``cols`` elements (every ``step``-th of a source row) between
+    strides: whole vectors and a masked last one per row, whatever the width; nothing past a
+    row's end is written."""
+    rcp = microkernel.rows_copy(dtype, step)
 
     @numba.njit
     def copy(rows, cols, s, lds, d, ldd):  # type: ignore[no-untyped-def]
@@ -184,5 +187,5 @@ def test_rows_copy_copies_each_row_and_nothing_else(dtype: str, rows: int, cols:
     copy(rows, cols, src, lds, dst, ldd)
     want = np.full_like(dst, -1)
     for r in range(rows):
-        want[r * ldd:r * ldd + cols] = src[r * lds:r * lds + cols]
+        want[r * ldd:r * ldd + cols] = src[r * lds:r * lds + cols * step:step]
     np.testing.assert_array_equal(dst, want)

@@ -1328,3 +1328,37 @@ def test_float16_tensors_are_refused_cleanly() -> None:
     g.output(g.cast(g.input("x", (4, 5)), "float16"))
     with pytest.raises(NotFusable, match="float16"):
         build_program(FusedGraph.singletons(g.build()))
+
+
+@pytest.mark.parametrize(
+    ("x", "attrs", "call"),
+    [
+        # in place over a task's planes, outputs at stride 2 (SqueezeNet's 3x3 s2 ceil_mode pools)
+        ((2, 5, 31, 31), {"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, "rg2("),
+        # over a -inf padded plane (stride 1)
+        ((1, 3, 9, 9), {"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}, "rg1("),
+        # phase planes (pads, a ceil_mode overhang): the outputs read at unit stride out of the grid
+        ((2, 3, 20, 19), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, "rg1("),
+        ((2, 2, 15, 18), {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (0, 1, 0, 1), "ceil_mode": 1}, "rg1("),
+        # rows of 3 outputs: the numba loop
+        ((2, 4, 7, 7), {"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, ""),
+    ],
+)
+def test_max_pool_outputs_copied_out_of_the_scratch_in_vectors(x: tuple[int, ...], attrs: dict[str, object],
+                                                               call: str) -> None:
+    """Output rows of at least pool.GATHER_MIN_WIDTH are copied out of a MaxPool kernel's scratch
+    by microkernel.rows_copy (``rg1`` at unit stride, ``rg2`` at the windows' stride 2), every
+    plane of every image to its own place; NaN and infinities pass through."""
+    from fusiontune.codegen import kernel_source
+
+    g = GraphBuilder("gather_maxpool")
+    g.output(g.op("MaxPool", g.input("x", x), **attrs))
+    graph = g.build()
+    src = kernel_source(graph, [n.name for n in graph.nodes], {}).source
+    assert (call in src) if call else "rg1(" not in src and "rg2(" not in src
+    v = np.random.default_rng(4).standard_normal(x).astype(np.float32)
+    flat = v.reshape(-1)
+    flat[::17] = np.nan
+    flat[3::19] = np.inf
+    got = run_as_one_kernel(graph, {"x": v})[graph.outputs[0]]
+    np.testing.assert_array_equal(got, run_graph(graph, {"x": v}, dtype=None)[graph.outputs[0]])
