@@ -63,9 +63,16 @@ def generate_layout_kernel(node: Node, values: dict[str, Value], name: str) -> K
         axis = normalize_axis(node.attr("axis"), len(whole.shape))
         outer = int(np.prod(whole.shape[:axis]))
         inner = int(np.prod(whole.shape[axis + 1 :]))
-        whole_spec = ArgSpec(whole.name, (outer, whole.shape[axis], inner), whole.dtype, "out" if node.op == "Concat" else "in")
+        # Each part is one contiguous run per outer index (its channels by the inner positions),
+        # so the copy is one flat loop per part and outer index. As a loop over the part's
+        # channels around one over the inner positions, each channel's plane ended in a scalar
+        # remainder: one thread, the kernel alone, interleaved, batch 2, two parts of C @HxW:
+        # 16 @15 1.15x faster, 32 @7 1.69x, 48 @3 1.98x, 64 @3 1.96x; larger planes 1.0x-1.1x.
+        whole_spec = ArgSpec(whole.name, (outer, whole.shape[axis] * inner), whole.dtype,
+                             "out" if node.op == "Concat" else "in")
         part_specs = [
-            ArgSpec(p.name, (outer, p.shape[axis], inner), p.dtype, "in" if node.op == "Concat" else "out") for p in parts
+            ArgSpec(p.name, (outer, p.shape[axis] * inner), p.dtype, "in" if node.op == "Concat" else "out")
+            for p in parts
         ]
         args = part_specs + [whole_spec] if node.op == "Concat" else [whole_spec] + part_specs
         w = f"a{args.index(whole_spec)}"
@@ -74,14 +81,13 @@ def generate_layout_kernel(node: Node, values: dict[str, Value], name: str) -> K
         off = 0
         for spec in part_specs:
             p = f"a{args.index(spec)}"
-            ln = spec.shape[1]
-            body.append(f"        for t in range({ln}):")
-            body.append(f"            for i in range({inner}):")
+            run = spec.shape[1]
+            body.append(f"        for i in range({run}):")
             if node.op == "Concat":
-                body.append(f"                {w}[o, {off} + t, i] = {p}[o, t, i]")
+                body.append(f"            {w}[o, {off} + i] = {p}[o, i]")
             else:
-                body.append(f"                {p}[o, t, i] = {w}[o, {off} + t, i]")
-            off += ln
+                body.append(f"            {p}[o, i] = {w}[o, {off} + i]")
+            off += run
     elif node.op == "Slice":
         x, y = ins[0], outs[0]
         index = slice_index({**node.attrs}, x.shape)
