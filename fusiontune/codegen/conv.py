@@ -1650,8 +1650,8 @@ def _phase_rows_fill(win: Window, geo: PackedGeometry, planes: Sequence[tuple[in
     kernels interleaved in one process, median of 15 rounds): SqueezeNet's stem 3x3 s2 3->16
     @64 1.20x faster, MobileNetV3's 3x3 s2 p1 3->8 @64 1.26x, ResNet-18's 7x7 s2 3->8 @64 1.10x,
     ConvNeXt's 4x4 s4 patchify 3->8 @64 1.39x, ViT's 8x8 s8 3->64 @32 1.55x, 3x3 s2 16->32 @32
-    1.22x, 3x3 s2 64->64 @56 1.12x. Cleared first with ``np.zeros`` instead, the last but one was
-    0.84x: numba's np.zeros took 5 us for 77 KB."""
+    1.22x, 3x3 s2 64->64 @56 1.12x. Cleared whole first instead (``np.zeros``), the last but one was
+    0.84x: its 77 KB of planes took 2-5 us to clear, more than the copy."""
     cp = phase_copy(win, geo.wp)
     wp = geo.wp
     pidx = {ab: i for i, ab in enumerate(geo.phases)}
