@@ -37,8 +37,12 @@ BASE = "fusiontune_base"
 def extract_base(rev: str, into: Path) -> None:
     """``fusiontune/`` at ``rev`` under ``into/fusiontune_base``, every ``fusiontune`` in its files
     renamed (imports, the kernel cache folder, the kernels' module names, LLVM symbol names)."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "fusiontune"], check=True,
-                             capture_output=True).stdout
+    got = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "fusiontune"], capture_output=True)
+    if got.returncode != 0:
+        err = got.stderr.decode(errors="replace").strip().splitlines()
+        print(f"ab_revision: --base {rev}: git archive failed: {err[-1] if err else 'no message'}", file=sys.stderr)
+        raise SystemExit(2)
+    archive = got.stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     (into / "fusiontune").rename(into / BASE)
     for path in (into / BASE).rglob("*.py"):
@@ -61,7 +65,9 @@ def inputs_of(path: Path) -> dict[str, np.ndarray]:
     for name in (path.with_suffix(".inputs.npz"), path.with_suffix(".npz")):
         if name.exists():
             return dict(np.load(name))
-    raise SystemExit(f"{path}: no {path.with_suffix('.inputs.npz').name} or {path.with_suffix('.npz').name} beside it")
+    print(f"ab_revision: {path}: no {path.with_suffix('.inputs.npz').name} or {path.with_suffix('.npz').name} beside it",
+          file=sys.stderr)
+    raise SystemExit(2)
 
 
 def main() -> None:
