@@ -499,7 +499,6 @@ def transposes(dtype: str) -> tuple[types.ExternalFunction, types.ExternalFuncti
             types.ExternalFunction(sym_out, types.void(*([types.intp] * 5))))
 
 
-
 def rows_copy_symbol(dtype: str, step: int = 1) -> str:
     """The symbol of ``dtype``'s strided row copy (:func:`rows_copy`) reading every ``step``-th
     element."""
