@@ -10,7 +10,8 @@ The algorithms, one epilogue:
   output channels laid out (tap, input channel, channel in block). A task (image, group, block of
   output rows) copies its rows of the zero-padded input once into phase planes, one per
   (row, column) residue of the stride (:class:`PackedGeometry`), so that every tap of any stride
-  and dilation is one contiguous shifted view. Each output block is then one call of
+  and dilation is one contiguous shifted view; its rows are as many as keep those planes within a
+  share of the core's L2 (:func:`_packed_rows`). Each output block is then one call of
   codegen/microkernel.py's LLVM IR micro-kernel: up to 24 accumulators in vector registers for
   the whole reduction over taps and input channels, at 205-211 GFLOP/s on one core here against
   OpenBLAS's 168 sgemm peak. :func:`plan_packed` picks the layout: vector lanes over grid
@@ -235,7 +236,7 @@ from typing import Any
 
 import numpy as np
 
-from fusiontune.codegen import microkernel
+from fusiontune.codegen import microkernel, target
 from fusiontune.codegen._window import Window, col_range, phase_copy, window_of
 from fusiontune.codegen.blas import gemm_name
 from fusiontune.codegen.common import (
@@ -263,6 +264,11 @@ COL_BYTES = 512 * 1024
 SHIFT_POSITIONS = 512
 """Output positions (padded-width grid) a shifted task computes: measured best for OpenBLAS here
 (M=32, K=32: 134 GFLOP/s at 544 positions, 90 at 1088)."""
+PACKED_PLANES_SHARE = 0.25
+"""The share of a core's L2 a packed conv task's phase planes may take (:func:`_packed_rows`): on
+the 2 MiB L2 of an Intel Xeon VM, one thread, 128 KiB to 4 MiB of planes against onnxruntime over
+the table's dense convs (benchmarks/bench_conv.py), 256 and 512 KiB were best and within noise of
+each other; 1 MiB lost 5-10% on the 56x56 convs, 128 KiB as much on the weight-heavy ones."""
 SHIFT_MIN_POSITIONS = 100
 """A stride-1 conv with fewer output positions per image than this runs im2col: its shifted GEMMs
 would be too short to pay for reordering the weights every call (3x3 512->512 @7, 49 positions:
@@ -669,7 +675,7 @@ def generate_conv_kernel(
         plan = plan_packed(win, MG, dtype, schedule.get("conv_orient"))
         uk = plan.uk
         geo = packed_geometry(win, max(uk.mr, uk.nr))
-        rows = int(schedule.get("conv_rows", 0)) or _shifted_rows(win, geo.wp, group, parallel)
+        rows = int(schedule.get("conv_rows", 0)) or _packed_rows(win, geo, CG, MG, group, np.dtype(dtype).itemsize, parallel)
         if w in low.arrays and w not in operand_reads:  # a constant: packed once when the program is built
             packed = Derived(f"{w}#packed{plan.block}", w, "fusiontune.codegen.conv:pack_weights", (group, plan.block))
             derived = (packed,)
@@ -872,6 +878,30 @@ def _shifted_rows(win: Window, wp: int, group: int, parallel: bool) -> int:
     threads = task_threads(parallel)
     tasks = win.n * group
     if tasks * nblk < 2 * threads:
+        nblk = max(nblk, -(-2 * threads // tasks))
+    return max(1, -(-win.oh // min(nblk, win.oh)))
+
+
+def _packed_rows(win: Window, geo: PackedGeometry, cg: int, mg: int, group: int, itemsize: int,
+                 parallel: bool) -> int:
+    """Output rows per packed task: as many as keep the task's phase planes and its output block
+    within :data:`PACKED_PLANES_SHARE` of the core's L2 (:func:`~fusiontune.codegen.target.l2_bytes`),
+    rows spread evenly over the blocks, and, in a kernel run on several threads, enough blocks to
+    keep every thread busy.
+
+    Each task streams all of its group's weights once, so every block more reads them again (3x3
+    512->512 @7: 9.4 MB a pass, cut in two blocks for threads the kernel did not have, 0.82x
+    onnxruntime on one thread, 0.94x-1.01x in one block); planes past L2 are read from L3 once per
+    channel block (3x3 s2 128->128 @56 at 14 rows, 0.96 MB of planes: 0.77x; at 7 rows: 0.91x).
+    """
+    budget = int(target.l2_bytes() * PACKED_PLANES_SHARE)
+    per_row = (len(geo.phases) * cg + mg) * geo.wp * itemsize
+    fixed = len(geo.phases) * cg * (geo.halo * geo.wp + geo.slack) * itemsize
+    rows = max(1, min(win.oh, (budget - fixed) // per_row))
+    nblk = -(-win.oh // rows)
+    threads = task_threads(parallel)
+    tasks = win.n * group
+    if threads > 1 and tasks * nblk < 2 * threads:
         nblk = max(nblk, -(-2 * threads // tasks))
     return max(1, -(-win.oh // min(nblk, win.oh)))
 

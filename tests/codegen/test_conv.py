@@ -510,3 +510,31 @@ def test_a_serial_packed_conv_is_not_cut_into_blocks_for_threads(monkeypatch: py
     assert "parallel=True" in src.source
     assert src.params[PACKED_PARAMS.index("nblk")] >= 2
     _check(small, {"conv_algo": "packed"})
+
+
+def test_packed_tasks_keep_their_planes_in_l2_and_are_not_cut_for_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one thread a parallel kernel is not cut into blocks for threads it does not have (every
+    block streams the weights again), and a task's phase planes and output block stay within
+    the L2 share: a 1 MiB L2 takes fewer rows per task than a 2 MiB one."""
+    from fusiontune.codegen import target
+
+    monkeypatch.setattr(conv_module, "DENSE_PARALLEL_FACTOR", 1)
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 1)
+    monkeypatch.setattr(target, "l2_bytes", lambda: 2 * 1024 * 1024)
+    deep = _graph(lambda g: g.op("Conv", g.input("x", (1, 256, 7, 7)), _const(g, (256, 256, 3, 3), 1),
+                                 pads=(1, 1, 1, 1)))
+    src = kernel_source(deep, [n.name for n in deep.nodes], {"conv_algo": "packed"})
+    assert src.params[PACKED_PARAMS.index("nblk")] == 1
+    wide = _graph(lambda g: g.op("Conv", g.input("x", (1, 32, 64, 64)), _const(g, (32, 32, 3, 3), 1),
+                                 pads=(1, 1, 1, 1)))
+
+    def rows(l2: int) -> int:
+        monkeypatch.setattr(target, "l2_bytes", lambda: l2)
+        src = kernel_source(wide, [n.name for n in wide.nodes], {"conv_algo": "packed"})
+        k = src.params[PACKED_PARAMS.index("rows")]
+        planes = src.params[PACKED_PARAMS.index("cg")] * src.params[PACKED_PARAMS.index("cs")] * 4
+        assert planes + 32 * k * src.params[PACKED_PARAMS.index("wp")] * 4 <= l2 * conv_module.PACKED_PLANES_SHARE
+        return k
+
+    assert 1 <= rows(1024 * 1024) < rows(2 * 1024 * 1024) < 64
+    _check(wide, {"conv_algo": "packed"})
