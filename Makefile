@@ -37,8 +37,10 @@ run: $(STAMP)
 ## numba compiling kernels) on two pytest workers sharing the kernel cache (a test file to a
 ## worker, an idle one taking the other's pending tests); then, one test at a time, the rest, which
 ## time programs, start Ray clusters, PostgreSQL servers and competing processes, and must have
-## the machine to themselves.
-COMPUTE_TESTS := tests/onnx tests/codegen tests/ir tests/passes tests/workloads tests/config tests/test_properties.py
+## the machine to themselves. The sampler's planted sweeps and the report's planted effects are
+## arithmetic on simulated runtimes (2.5 minutes of it), so they run with the first.
+COMPUTE_TESTS := tests/onnx tests/codegen tests/ir tests/passes tests/workloads tests/config tests/test_properties.py \
+                 tests/tune/test_fusion_sampler.py tests/report/test_effects.py
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not bench and not zoo" -n 2 --dist worksteal --durations=10 $(COMPUTE_TESTS)
 	$(BIN)/python -m pytest -m "not bench and not zoo" --durations=20 $(addprefix --ignore=,$(COMPUTE_TESTS))
