@@ -265,10 +265,11 @@ SHIFT_POSITIONS = 512
 """Output positions (padded-width grid) a shifted task computes: measured best for OpenBLAS here
 (M=32, K=32: 134 GFLOP/s at 544 positions, 90 at 1088)."""
 PACKED_PLANES_SHARE = 0.25
-"""The share of a core's L2 a packed conv task's phase planes may take (:func:`_packed_rows`): on
-the 2 MiB L2 of an Intel Xeon VM, one thread, 128 KiB to 4 MiB of planes against onnxruntime over
-the table's dense convs (benchmarks/bench_conv.py), 256 and 512 KiB were best and within noise of
-each other; 1 MiB lost 5-10% on the 56x56 convs, 128 KiB as much on the weight-heavy ones."""
+"""The share of a core's L2 a packed conv task's phase planes and output block may take
+(:func:`_packed_rows`): on the 2 MiB L2 of an Intel Xeon VM, one thread, budgets of 128 KiB to
+4 MiB of planes against onnxruntime over the table's dense convs (benchmarks/bench_conv.py): 256
+and 512 KiB were best and within noise of each other; 1 MiB lost 5-10% on the 56x56 convs, 128 KiB
+as much on the weight-heavy ones."""
 SHIFT_MIN_POSITIONS = 100
 """A stride-1 conv with fewer output positions per image than this runs im2col: its shifted GEMMs
 would be too short to pay for reordering the weights every call (3x3 512->512 @7, 49 positions:
@@ -873,10 +874,16 @@ def _shifted_rows(win: Window, wp: int, group: int, parallel: bool) -> int:
     positions, rows spread evenly over the blocks, and, in a parallel kernel, enough blocks to keep
     every thread busy. A serial kernel cut for threads it does not use paid for it: SqueezeNet's
     1x1 and 3x3 convs at 3x3 outputs, cut into two blocks of two rows (halo included) for two
-    threads, ran 1.6-1.8x slower than as one block (fused_node_conv2d_22: 3.4 against 2.0 us)."""
-    nblk = max(1, -(-win.oh * wp // SHIFT_POSITIONS))
-    threads = task_threads(parallel)
-    tasks = win.n * group
+    threads, ran 1.6-1.8x slower than as one block (fused_node_conv2d_22: 3.4 against 2.0 us).
+    A parallel kernel on one thread still takes two blocks here, unlike the packed kernel's
+    (:func:`_packed_rows`): the shifted GEMMs measured both ways, one thread, two blocks against
+    one: 3x3 256 @14 1.06x, 32 @12 1.06x, but 64 @16 0.79x."""
+    return _spread_rows(win, max(1, -(-win.oh * wp // SHIFT_POSITIONS)), win.n * group, task_threads(parallel))
+
+
+def _spread_rows(win: Window, nblk: int, tasks: int, threads: int) -> int:
+    """Rows per block for ``nblk`` blocks of ``win``'s output rows, spread evenly, and at least two
+    tasks per thread among ``tasks`` images and groups (none asked for with ``threads`` 0)."""
     if tasks * nblk < 2 * threads:
         nblk = max(nblk, -(-2 * threads // tasks))
     return max(1, -(-win.oh // min(nblk, win.oh)))
@@ -898,12 +905,8 @@ def _packed_rows(win: Window, geo: PackedGeometry, cg: int, mg: int, group: int,
     per_row = (len(geo.phases) * cg + mg) * geo.wp * itemsize
     fixed = len(geo.phases) * cg * (geo.halo * geo.wp + geo.slack) * itemsize
     rows = max(1, min(win.oh, (budget - fixed) // per_row))
-    nblk = -(-win.oh // rows)
     threads = task_threads(parallel)
-    tasks = win.n * group
-    if threads > 1 and tasks * nblk < 2 * threads:
-        nblk = max(nblk, -(-2 * threads // tasks))
-    return max(1, -(-win.oh // min(nblk, win.oh)))
+    return _spread_rows(win, -(-win.oh // rows), win.n * group, threads if threads > 1 else 0)
 
 
 def _shifted_body(win: Window, group: int, cg: int, mg: int, rows: int, wp: int, dtype: str, ax: str, aw: str,
