@@ -193,6 +193,29 @@ def arith_fence(typingctx, x):  # type: ignore[no-untyped-def]
     return x(x), codegen
 
 
+@intrinsic
+def opaque(typingctx, n):  # type: ignore[no-untyped-def]
+    """``n`` as an int64 whose value LLVM cannot see: an empty inline-asm copy (``llvm`` keeps
+    it, it costs one register move at most, and it is hoisted out of loops like any pure value).
+
+    Generated kernels write an outer loop's literal trip count through it, ``range(opaque(28))``,
+    so that LLVM does not unroll the loop whole. A loop of a literal count around a vectorized
+    inner loop was unrolled into that many copies of the vector loop and its remainder and
+    alias checks: nothing faster at run time, and 5 to 15 s of compile per kernel (ShuffleNet's
+    grouped 1x1 convs 13 s each, against 2 s with the outer counts opaque; the same run time).
+    Inner loops keep their literal counts where unrolling them is what makes them fast.
+    """
+    if not isinstance(n, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        v = context.cast(builder, args[0], sig.args[0], types.int64)
+        i64 = ir.IntType(64)
+        return builder.asm(ir.FunctionType(i64, [i64]), "", "=r,0", [v], side_effect=False)
+
+    return types.int64(n), codegen
+
+
 # The fast-math flags of the approximations (fused multiply-adds only) and of the roundings (none):
 # see the module docstring.
 _APPROX_FASTMATH = {"contract"}

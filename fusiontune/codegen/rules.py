@@ -263,7 +263,7 @@ APPROX_RULES: dict[str, ScalarRule] = {
 # them imports them (codegen/common.py: kernel_header).
 NUMERICS_FUNCTIONS = (
     "exp_approx", "tanh_approx", "sigmoid_approx", "erf_approx", "round_float16", "round_bfloat16", "fmaximum",
-    "arith_fence", "exp_f32", "tanh_f32", "erf_f32", "erf_1ulp",
+    "arith_fence", "exp_f32", "tanh_f32", "erf_f32", "erf_1ulp", "opaque",
 )
 
 MATH_MODES = ("libm", "approx")
