@@ -38,12 +38,8 @@ run: $(STAMP)
 ## worker, an idle one taking the other's pending tests); then, one test at a time, the rest, which
 ## time programs, start Ray clusters, PostgreSQL servers and competing processes, and must have
 ## the machine to themselves. The sampler's planted sweeps and the report's planted effects are
-## arithmetic on simulated runtimes (2.5 minutes of it), so they run with the first. So does the
-## README walk (every README command in a fresh clone, 5.4 minutes on one core): it checks exit
-## codes and outputs, never a time, and one at a time it left the second core idle. It is listed
-## first, so that a worker starts it at once (worksteal deals the list in two halves).
-COMPUTE_TESTS := tests/readme/test_readme.py \
-                 tests/onnx tests/codegen tests/ir tests/passes tests/workloads tests/config tests/test_properties.py \
+## arithmetic on simulated runtimes (2.5 minutes of it), so they run with the first.
+COMPUTE_TESTS := tests/onnx tests/codegen tests/ir tests/passes tests/workloads tests/config tests/test_properties.py \
                  tests/tune/test_fusion_sampler.py tests/report/test_effects.py
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not bench and not zoo" -n 2 --dist worksteal --durations=10 $(COMPUTE_TESTS)
