@@ -1162,8 +1162,8 @@ def _plane_body(win: Window, group: int, cg: int, mg: int, dtype: str, ax: str, 
     # Unsigned indices and trip counts LLVM cannot see, so that the tap loops vectorize (module
     # docstring, "Index arithmetic"): nothing here is ever negative. The loops around the row
     # copies, the tap loops and the epilogue rows count from run-time values (the arrays'
-    # shapes, ``opaque``), so LLVM does not unroll them whole: unrolled, ShuffleNet's grouped 1x1 convs (28 channels
-    # of 28 rows) took 13 s to compile each, against 2 s, and ran no faster.
+    # shapes, ``opaque``), so LLVM does not unroll them whole: unrolled, ShuffleNet's grouped
+    # 1x1 convs (28 channels of 28 rows) took 13 s to compile each, against 2 s, and ran no faster.
     return [
         f"    nq = (ow_n + {rw}) * {win.oh}",
         f"    for t in {prange}({ntask}):",
