@@ -269,7 +269,16 @@ PACKED_PLANES_SHARE = 0.25
 (:func:`_packed_rows`): on the 2 MiB L2 of an Intel Xeon VM, one thread, budgets of 128 KiB to
 4 MiB of planes against onnxruntime over the table's dense convs (benchmarks/bench_conv.py): 256
 and 512 KiB were best and within noise of each other; 1 MiB lost 5-10% on the 56x56 convs, 128 KiB
-as much on the weight-heavy ones."""
+as much on the weight-heavy ones. A conv whose weights outweigh its planes and output takes
+:data:`PACKED_WEIGHT_HEAVY_BYTES` instead, since each block more streams all of them again."""
+PACKED_WEIGHT_HEAVY_BYTES = 512 * 1024
+"""The planes and output block a weight-heavy packed conv task may take (:func:`_packed_rows`), at
+most the core's L2. Measured on the 512 KiB L2 of an AMD EPYC (Zen 3) VM, one thread, the whole L2
+against a quarter of it: 3x3 512->512 @7 (9.4 MB of weights, 0.3 MB of planes and output) 3.07x
+faster, one block instead of four; 3x3 256->256 @14 1.08x. Given to every conv, the same budget
+lost 6-10% on the 56x56 and 224x224 ones, whose planes outweigh their weights (3x3 64->64 @56
+0.94x, 3x3 s2 128->128 @56 0.90x, the 7x7 stem 0.91x)."""
+
 SHIFT_MIN_POSITIONS = 100
 """A stride-1 conv with fewer output positions per image than this runs im2col: its shifted GEMMs
 would be too short to pay for reordering the weights every call (3x3 512->512 @7, 49 positions:
@@ -893,7 +902,8 @@ def _packed_rows(win: Window, geo: PackedGeometry, cg: int, mg: int, group: int,
                  parallel: bool) -> int:
     """Output rows per packed task: as many as keep the task's phase planes and its output block
     within :data:`PACKED_PLANES_SHARE` of the core's L2 (:func:`~fusiontune.codegen.target.l2_bytes`),
-    rows spread evenly over the blocks, and, in a kernel run on several threads, enough blocks to
+    or, where the group's weights outweigh the planes and output of the whole conv, within
+    :data:`PACKED_WEIGHT_HEAVY_BYTES` (at most the L2), rows spread evenly over the blocks, and, in a kernel run on several threads, enough blocks to
     keep every thread busy.
 
     Each task streams all of its group's weights once, so every block more reads them again (3x3
@@ -901,9 +911,14 @@ def _packed_rows(win: Window, geo: PackedGeometry, cg: int, mg: int, group: int,
     onnxruntime on one thread, 0.94x-1.01x in one block); planes past L2 are read from L3 once per
     channel block (3x3 s2 128->128 @56 at 14 rows, 0.96 MB of planes: 0.77x; at 7 rows: 0.91x).
     """
-    budget = int(target.l2_bytes() * PACKED_PLANES_SHARE)
     per_row = (len(geo.phases) * cg + mg) * geo.wp * itemsize
     fixed = len(geo.phases) * cg * (geo.halo * geo.wp + geo.slack) * itemsize
+    weights = win.kh * win.kw * cg * mg * itemsize
+    l2 = target.l2_bytes()
+    if weights >= fixed + per_row * win.oh:  # weight-heavy: fewer blocks, each streams them all
+        budget = min(l2, max(PACKED_WEIGHT_HEAVY_BYTES, int(l2 * PACKED_PLANES_SHARE)))
+    else:
+        budget = int(l2 * PACKED_PLANES_SHARE)
     rows = max(1, min(win.oh, (budget - fixed) // per_row))
     threads = task_threads(parallel)
     return _spread_rows(win, -(-win.oh // rows), win.n * group, threads if threads > 1 else 0)

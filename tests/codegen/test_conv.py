@@ -538,3 +538,38 @@ def test_packed_tasks_keep_their_planes_in_l2_and_are_not_cut_for_one_thread(mon
 
     assert 1 <= rows(1024 * 1024) < rows(2 * 1024 * 1024) < 64
     _check(wide, {"conv_algo": "packed"})
+
+
+def test_weight_heavy_packed_convs_take_the_whole_l2_and_plane_heavy_ones_a_quarter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conv whose weights outweigh its planes and output runs in one block where they fit the
+    L2, not cut to fit a quarter of it (each block streams all its weights again); one whose
+    planes outweigh its weights keeps the quarter. A 64 KiB L2 stands in for AMD's 512 KiB one
+    (3x3 512->512 @7 there), so that the conv's reduction stays short enough to check against
+    float64: 3x3 64->64 @8, 147 KB of weights against 46 KB of planes and output."""
+    from fusiontune.codegen import target
+
+    monkeypatch.setattr(conv_module, "DENSE_PARALLEL_FACTOR", 1)
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 1)
+    monkeypatch.setattr(target, "l2_bytes", lambda: 64 * 1024)
+    heavy = _graph(lambda g: g.op("Conv", g.input("x", (1, 64, 8, 8)), _const(g, (64, 64, 3, 3), 1),
+                                  pads=(1, 1, 1, 1)))
+    src = kernel_source(heavy, [n.name for n in heavy.nodes], {"conv_algo": "packed"})
+    assert src.params[PACKED_PARAMS.index("nblk")] == 1
+    monkeypatch.setattr(conv_module, "PACKED_WEIGHT_HEAVY_BYTES", 0)  # the quarter: cut in blocks
+    src = kernel_source(heavy, [n.name for n in heavy.nodes], {"conv_algo": "packed"})
+    assert src.params[PACKED_PARAMS.index("nblk")] >= 2
+    monkeypatch.setattr(conv_module, "PACKED_WEIGHT_HEAVY_BYTES", 512 * 1024)
+    wide = _graph(lambda g: g.op("Conv", g.input("x", (1, 16, 32, 32)), _const(g, (16, 16, 3, 3), 1),
+                                 pads=(1, 1, 1, 1)))
+    src = kernel_source(wide, [n.name for n in wide.nodes], {"conv_algo": "packed"})
+    k = src.params[PACKED_PARAMS.index("rows")]
+    assert k < 32
+    planes = src.params[PACKED_PARAMS.index("cg")] * src.params[PACKED_PARAMS.index("cs")] * 4
+    assert planes + 16 * k * src.params[PACKED_PARAMS.index("wp")] * 4 <= 64 * 1024 * conv_module.PACKED_PLANES_SHARE
+    # the one block against float64: outputs are sums of 576 products of unit normals (std 24),
+    # so float32's rounding is about 1e-5 of an output whatever the blocks; atol is 4e-6 of the std
+    prog = build_program(_one_kernel(heavy, {"conv_algo": "packed"}))
+    x = np.random.default_rng(0).standard_normal((1, 64, 8, 8)).astype(np.float32)
+    want = run_graph(heavy, {heavy.inputs[0]: x}, dtype="float64")[heavy.outputs[0]]
+    np.testing.assert_allclose(prog.run({heavy.inputs[0]: x})[heavy.outputs[0]], want, rtol=RTOL, atol=1e-4)
