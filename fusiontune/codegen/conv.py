@@ -903,8 +903,8 @@ def _packed_rows(win: Window, geo: PackedGeometry, cg: int, mg: int, group: int,
     """Output rows per packed task: as many as keep the task's phase planes and its output block
     within :data:`PACKED_PLANES_SHARE` of the core's L2 (:func:`~fusiontune.codegen.target.l2_bytes`),
     or, where the group's weights outweigh the planes and output of the whole conv, within
-    :data:`PACKED_WEIGHT_HEAVY_BYTES` (at most the L2), rows spread evenly over the blocks, and, in a kernel run on several threads, enough blocks to
-    keep every thread busy.
+    :data:`PACKED_WEIGHT_HEAVY_BYTES` (at most the L2), rows spread evenly over the blocks, and,
+    in a kernel run on several threads, enough blocks to keep every thread busy.
 
     Each task streams all of its group's weights once, so every block more reads them again (3x3
     512->512 @7: 9.4 MB a pass, cut in two blocks for threads the kernel did not have, 0.82x
