@@ -305,7 +305,18 @@ CHAN_MIN_STRIDED_POSITIONS = 4
 CHAN_MAX_POSITIONS = 256
 """...from 16x16 outputs on, plane (module docstring, the last table: dw7x7 8 @16, 256 positions,
 plane 7.1 us against chan's 7.8; dw3x3 s2 48 @32 17.8 against 21.8; at 14x14, dw5x5 240 @14, chan 73
-against 96)."""
+against 96), but for wide windows (:data:`CHAN_WIDE_TAPS`)."""
+CHAN_WIDE_TAPS = 25
+"""A depthwise conv of at least this many taps (5x5, 7x7) and :data:`CHAN_WIDE_MIN_CHANNELS`
+channels runs chan at any output size from :data:`CHAN_MIN_POSITIONS` on: there the row-blocked
+micro-kernel loads each input vector once per kernel row for the ``kw`` taps that read it, where
+the plane kernel loads one per tap. Measured on the 2-core Intel Xeon VM (AVX-512), one thread,
+batch 1, no epilogue, 7 interleaved rounds (plane / chan at 16x16, 28x28 and 56x56 outputs): dw5x5
+with 16 to 256 channels 1.09x-1.57x but 32 @56 0.93x; dw7x7 1.46x-2.10x; dw5x5 and dw7x7 with 8
+channels (half a block of 16 lanes) 0.72x-1.02x; dw3x3 (9 taps) 0.51x-1.19x, mostly below 1
+(the transposes in and out cost as much as its taps)."""
+CHAN_WIDE_MIN_CHANNELS = 16
+"""See :data:`CHAN_WIDE_TAPS`."""
 
 
 AXPY_MAX_K = 16
@@ -342,13 +353,15 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
     groups, a reduction shorter than :data:`DIRECT_MAX_K`) and a 1x1 conv with a short reduction.
     The depthwise-like one runs ``chan`` when it has one input and one output channel per group
     and :data:`CHAN_MIN_POSITIONS` (strided: :data:`CHAN_MIN_STRIDED_POSITIONS`) to
-    :data:`CHAN_MAX_POSITIONS` outputs; else ``direct`` with
+    :data:`CHAN_MAX_POSITIONS` outputs, or more with a wide window (:data:`CHAN_WIDE_TAPS`);
+    else ``direct`` with
     fewer than :data:`DIRECT_MAX_POSITIONS` output positions; else ``plane``, at any stride,
     kernel and plane size. The 1x1 one (not ``strided``, not ``padded``, no ``prologue``)
     runs ``axpy`` (:data:`AXPY_MAX_K`)."""
     if group > 1 and cg * kh * kw < DIRECT_MAX_K:
         least = CHAN_MIN_STRIDED_POSITIONS if strided else CHAN_MIN_POSITIONS
-        if cg == mg == 1 and least <= positions < CHAN_MAX_POSITIONS:
+        wide = kh * kw >= CHAN_WIDE_TAPS and group >= CHAN_WIDE_MIN_CHANNELS
+        if cg == mg == 1 and least <= positions and (positions < CHAN_MAX_POSITIONS or wide):
             return "chan"
         if positions < DIRECT_MAX_POSITIONS:
             return "direct"
@@ -714,8 +727,10 @@ def generate_conv_kernel(
             lines[0] = decorator(args, parallel=parallel, reassoc=False)
         lines += _chan_body(win, group, dtype, ax, aw, body, parallel, tail, bool(derived))
         # imported by its full name, so that the kernel cache key covers microkernel.py
-        imports = ["from fusiontune.codegen.microkernel import depthwise, transposes",
+        imports = ["from fusiontune.codegen.microkernel import depthwise, depthwise_rows, transposes",
                    f"dwk = depthwise({dtype!r})", f"dw_in, dw_out = transposes({dtype!r})"]
+        if chan_by_rows(win):
+            imports.append(f"dwr = depthwise_rows({dtype!r}, {win.kw}, {win.sw}, {win.dw})")
     elif algo == "axpy":
         # multiply-adds, as the micro-kernel's: half the instructions of a product and a sum
         lines[0] = decorator(args, parallel=parallel, reassoc=False, contract=True)
@@ -1235,6 +1250,14 @@ def _plane_row_copy(win: Window, wg: int, ax: str) -> list[str]:
     return lines
 
 
+def chan_by_rows(win: Window) -> bool:
+    """Whether ``chan`` computes its taps with the row-blocked micro-kernel
+    (:func:`~fusiontune.codegen.microkernel.depthwise_rows`): an output row at least one block
+    wide. Narrower ones take :func:`~fusiontune.codegen.microkernel.depthwise`, one output
+    position's taps at a time."""
+    return win.ow >= microkernel.depthwise_row_block()
+
+
 def pack_depthwise(w: np.ndarray, lanes: int) -> np.ndarray:
     """Depthwise conv weights (C, 1, kernel...) packed for the depthwise micro-kernel: (C in blocks of
     ``lanes`` channels, tap, channel in block); channels past C zero."""
@@ -1264,6 +1287,7 @@ def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequ
     """
     vw = microkernel.lanes(dtype)
     rows = microkernel.DEPTHWISE_ROWS
+    by_rows = chan_by_rows(win)
     hp, wp = win.hp, win.wp
     taps = win.kh * win.kw
     positions = win.oh * win.ow
@@ -1280,15 +1304,18 @@ def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequ
         f"    for ih in range({win.h}):",
         f"        for iw in range({win.w}):",
         f"            dst[ih * {win.w} + iw] = ((ih + {win.ph}) * {wp} + {win.pw} + iw) * {vw}",
-        f"    po = np.zeros({pp}, dtype=np.int64)",
-        f"    for oh in range({win.oh}):",
-        f"        for ow in range({win.ow}):",
-        f"            po[oh * {win.ow} + ow] = (oh * {win.sh * wp} + ow * {win.sw}) * {vw}",
-        f"    so = np.empty({taps}, dtype=np.int64)",
-        f"    for kh in range({win.kh}):",
-        f"        for kw in range({win.kw}):",
-        f"            so[kh * {win.kw} + kw] = (kh * {win.dh * wp} + kw * {win.dw}) * {vw}",
     ]
+    if not by_rows:  # the offsets of every output position's window and of every tap in it
+        lines += [
+            f"    po = np.zeros({pp}, dtype=np.int64)",
+            f"    for oh in range({win.oh}):",
+            f"        for ow in range({win.ow}):",
+            f"            po[oh * {win.ow} + ow] = (oh * {win.sh * wp} + ow * {win.sw}) * {vw}",
+            f"    so = np.empty({taps}, dtype=np.int64)",
+            f"    for kh in range({win.kh}):",
+            f"        for kw in range({win.kw}):",
+            f"            so[kh * {win.kw} + kw] = (kh * {win.dh * wp} + kw * {win.dw}) * {vw}",
+        ]
     if not packed:
         wk = "wpk"
         lines += [
@@ -1313,7 +1340,9 @@ def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequ
         f"            c0 = b * {vw}",
         f"            cw = min({vw}, {group} - c0)",
         f"            dw_in({win.h * win.w}, {ax}[n, c0].ctypes.data, {win.h * win.w}, cw, dst.ctypes.data, xt.ctypes.data)",
-        f"            dwk({pp}, xt.ctypes.data, po.ctypes.data, so.ctypes.data, {taps}, {wk}[b].ctypes.data, at.ctypes.data)",
+        (f"            dwr({win.oh}, {win.ow}, xt.ctypes.data, {win.sh * wp * vw}, {win.dh * wp * vw}, {win.kh}, "
+         f"{wk}[b].ctypes.data, at.ctypes.data)" if by_rows else
+         f"            dwk({pp}, xt.ctypes.data, po.ctypes.data, so.ctypes.data, {taps}, {wk}[b].ctypes.data, at.ctypes.data)"),
         f"            dw_out({positions}, at.ctypes.data, cw, tile.ctypes.data, {ldt})",
         "            for j in range(cw):",
         "                m = c0 + j",

@@ -351,6 +351,119 @@ def depthwise(dtype: str) -> types.ExternalFunction:
     return types.ExternalFunction(depthwise_symbol(dtype), types.void(*([types.intp] * 7)))
 
 
+def depthwise_row_block() -> int:
+    """Output positions of one output row that :func:`depthwise_rows` computes together: 8 with 32
+    vector registers (8 accumulators and up to 22 input vectors of a 7-wide window at stride 2),
+    4 with 16."""
+    return 8 if VECTOR_BITS >= 512 else 4
+
+
+def depthwise_rows_symbol(dtype: str, kw: int, sw: int, dw: int) -> str:
+    """The symbol of ``dtype``'s row-blocked depthwise micro-kernel for a window ``kw`` wide at
+    column stride ``sw`` and dilation ``dw`` (:func:`depthwise_rows`)."""
+    return f"fusiontune_dwr_{dtype}_{lanes(dtype)}_k{kw}s{sw}d{dw}r{depthwise_row_block()}"
+
+
+def _depthwise_rows_ir(dtype: str, kw: int, sw: int, dw: int) -> str:
+    """LLVM IR of the row-blocked depthwise micro-kernel (:func:`depthwise_rows`)."""
+    t = _LLVM_TYPE[dtype]
+    vw = lanes(dtype)
+    vt = f"<{vw} x {t}>"
+    nr = depthwise_row_block()
+    fma = f"@llvm.fma.v{vw}f{32 if t == 'float' else 64}"
+    rows = range(nr)
+    cols = sorted({r * sw + k * dw for r in rows for k in range(kw)})  # the input columns a block reads
+    out = [
+        f"define void @{depthwise_rows_symbol(dtype, kw, sw, dw)}"
+        "(i64 %OH, i64 %OW, i64 %X, i64 %rs, i64 %ks, i64 %KH, i64 %W, i64 %Y) #0 {",
+        "entry:",
+        "  %px = inttoptr i64 %X to ptr",
+        "  %pw = inttoptr i64 %W to ptr",
+        "  %py = inttoptr i64 %Y to ptr",
+        f"  %owr = add i64 %OW, {nr - 1}",
+        f"  %nb = udiv i64 %owr, {nr}",
+        f"  %last = sub i64 %OW, {nr}",
+        "  br label %row",
+        "row:",
+        "  %oh = phi i64 [0, %entry], [%oh1, %rowend]",
+        "  %xr = mul i64 %oh, %rs",
+        "  %yr = mul i64 %oh, %OW",
+        "  br label %blk",
+        "blk:",
+        "  %b = phi i64 [0, %row], [%b1, %bend]",
+        f"  %c0a = mul i64 %b, {nr}",
+        "  %cin = icmp slt i64 %c0a, %last",
+        "  %c0 = select i1 %cin, i64 %c0a, i64 %last",  # the last block overlaps the one before
+        f"  %xc = mul i64 %c0, {sw * vw}",
+        "  %xb = add i64 %xr, %xc",
+        "  br label %kh",
+        "kh:",
+        "  %k = phi i64 [0, %blk], [%k1, %kh]",
+    ]
+    out += [f"  %a_{r} = phi {vt} [zeroinitializer, %blk], [%a{kw}_{r}, %kh]" for r in rows]
+    out += ["  %kk = mul i64 %k, %ks",
+            "  %xk = add i64 %xb, %kk",
+            f"  %wk = mul i64 %k, {kw * vw}"]
+    for j in cols:
+        out += [f"  %xo_{j} = add i64 %xk, {j * vw}",
+                f"  %xp_{j} = getelementptr {t}, ptr %px, i64 %xo_{j}",
+                f"  %x_{j} = load {vt}, ptr %xp_{j}, align 4"]
+    for k in range(kw):
+        out += [f"  %wo_{k} = add i64 %wk, {k * vw}",
+                f"  %wp_{k} = getelementptr {t}, ptr %pw, i64 %wo_{k}",
+                f"  %w_{k} = load {vt}, ptr %wp_{k}, align 4"]
+        for r in rows:
+            prev = f"%a_{r}" if k == 0 else f"%a{k}_{r}"
+            out.append(f"  %a{k + 1}_{r} = call {vt} {fma}({vt} %w_{k}, {vt} %x_{r * sw + k * dw}, {vt} {prev})")
+    out += ["  %k1 = add i64 %k, 1",
+            "  %kmore = icmp slt i64 %k1, %KH",
+            "  br i1 %kmore, label %kh, label %bend",
+            "bend:"]
+    for r in rows:
+        out += [f"  %yp_{r} = add i64 %yr, %c0",
+                f"  %yq_{r} = add i64 %yp_{r}, {r}",
+                f"  %yo_{r} = mul i64 %yq_{r}, {vw}",
+                f"  %pyr_{r} = getelementptr {t}, ptr %py, i64 %yo_{r}",
+                f"  store {vt} %a{kw}_{r}, ptr %pyr_{r}, align 4"]
+    out += ["  %b1 = add i64 %b, 1",
+            "  %bmore = icmp slt i64 %b1, %nb",
+            "  br i1 %bmore, label %blk, label %rowend",
+            "rowend:",
+            "  %oh1 = add i64 %oh, 1",
+            "  %ohmore = icmp slt i64 %oh1, %OH",
+            "  br i1 %ohmore, label %row, label %done",
+            "done:",
+            "  ret void",
+            "}"]
+    return "\n".join(out) + "\n" + _ir_declarations(dtype)
+
+
+@functools.cache
+def depthwise_rows(dtype: str, kw: int, sw: int, dw: int) -> types.ExternalFunction:
+    """The row-blocked depthwise (channels-last) micro-kernel of ``dtype`` for a window ``kw``
+    wide at column stride ``sw`` and dilation ``dw``, compiled once per process::
+
+        dwr(OH, OW, X, rs, ks, KH, W, Y)
+
+    computes, for output rows ``oh < OH``, columns ``ow < OW`` (``OW`` at least
+    :func:`depthwise_row_block`) and the ``VW`` channels of one block (``j < VW``)::
+
+        Y[(oh * OW + ow) * VW + j] = sum over kh < KH, k < kw of
+            W[(kh * kw + k) * VW + j] * X[oh * rs + kh * ks + (ow * sw + k * dw) * VW + j]
+
+    ``X`` is the zero-padded input of one block laid out (position, channel in block), as
+    :func:`depthwise`'s, ``rs`` the element offset from one output row's window to the next
+    (``sh * wp * VW``), ``ks`` from one kernel row to the next (``dh * wp * VW``). Positions are
+    computed :func:`depthwise_row_block` at a time along an output row, the last block of a row
+    overlapping the one before it where ``OW`` is not a multiple of the block: for each kernel
+    row the block's input vectors are loaded once and each serves every tap that reads it
+    (``nr + kw - 1`` loads and ``kw`` weight loads for ``nr * kw`` multiply-adds at stride 1,
+    where :func:`depthwise` loads one input vector per multiply-add, and is load-bound).
+    """
+    _jit(_depthwise_rows_ir(dtype, kw, sw, dw), depthwise_rows_symbol(dtype, kw, sw, dw))
+    return types.ExternalFunction(depthwise_rows_symbol(dtype, kw, sw, dw), types.void(*([types.intp] * 8)))
+
+
 def transpose_symbols(dtype: str) -> tuple[str, str]:
     """The symbols of ``dtype``'s channels-last copies in and out (:func:`transposes`)."""
     return f"fusiontune_dwin_{dtype}_{lanes(dtype)}", f"fusiontune_dwout_{dtype}_{lanes(dtype)}"

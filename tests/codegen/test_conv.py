@@ -116,6 +116,29 @@ def test_chan_kernel_packs_weights_that_are_an_input(xs: tuple[int, ...], k: int
     _check(graph, {"conv_algo": "chan"})
 
 
+@pytest.mark.parametrize(
+    ("xs", "ws", "attrs"),
+    [
+        # 11 output columns: a block of the row and a last one overlapping it (8 lanes of positions)
+        ((1, 20, 20, 21), (20, 1, 5, 5), {"group": 20, "strides": (2, 2), "pads": (2, 2, 2, 2)}),
+        ((2, 17, 12, 19), (17, 1, 3, 3), {"group": 17, "dilations": (2, 2), "pads": (2, 2, 2, 2)}),
+        ((1, 33, 9, 16), (33, 1, 7, 7), {"group": 33, "strides": (1, 2), "pads": (3, 3, 3, 3)}),
+    ],
+)
+def test_chan_kernel_blocks_output_rows(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict[str, object]) -> None:
+    """Output rows at least one block wide run the row-blocked micro-kernel (each input vector
+    loaded once per kernel row for the taps that read it), at any stride and dilation; a narrower
+    row takes the one-position-at-a-time kernel (the grid above: depthwise_s2, 6 columns)."""
+    graph = _graph(lambda g: g.relu(g.op("Conv", g.input("x", xs), _const(g, ws, 1), **attrs)))
+    src = kernel_source(graph, [n.name for n in graph.nodes], {"conv_algo": "chan"}).source
+    assert "dwr(" in src and "dwk(" not in src
+    _check(graph, {"conv_algo": "chan"})
+    narrow = _graph(lambda g: g.op("Conv", g.input("x", (1, 8, 11, 11)), _const(g, (8, 1, 3, 3), 1), group=8,
+                                   strides=(2, 2), pads=(1, 1, 1, 1)))
+    src = kernel_source(narrow, [n.name for n in narrow.nodes], {"conv_algo": "chan"}).source
+    assert ("dwk(" in src) == (6 < microkernel.depthwise_row_block())
+
+
 def test_im2col_row_blocks_of_one_row_match_reference() -> None:
     """``conv_rows`` (ConvOutputSplitFusionPass) cuts the output into more, smaller blocks."""
     graph = _graph(lambda g: g.relu(g.op("Conv", g.input("x", (1, 3, 7, 6)), _const(g, (4, 3, 3, 3), 1), pads=(1, 1, 1, 1))))
@@ -296,7 +319,10 @@ def test_conv_prologue_is_refused_where_the_rule_picks_another_algorithm() -> No
 def test_conv_algo_rule_packed_but_direct_plane_or_chan_for_depthwise() -> None:
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=784) == "plane"  # 28x28
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=12544) == "plane"  # 112x112
-    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=256) == "plane"  # 5x5 @16
+    assert choose_conv_algo(1, 1, 3, 3, group=96, positions=256) == "plane"  # 3x3 @16
+    assert choose_conv_algo(1, 1, 5, 5, group=8, positions=256) == "plane"  # 5x5 @16, half a block of lanes
+    assert choose_conv_algo(1, 1, 5, 5, group=32, positions=256) == "chan"  # 5x5 @16: a wide window
+    assert choose_conv_algo(1, 1, 7, 7, group=96, positions=3136) == "chan"  # 7x7 @56
     assert choose_conv_algo(1, 1, 5, 5, group=32, positions=196) == "chan"  # 5x5 @14
     assert choose_conv_algo(1, 1, 5, 5, group=32, positions=49) == "chan"  # 5x5 @7
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=16) == "chan"  # depthwise, 4x4 output
