@@ -201,6 +201,13 @@ direct 4.5, chan 4.2) and 1.08x to 3.35x faster than onnxruntime's session on ea
 whole exports, one thread, two alternated runs each (us, before / after): EfficientNet-B0
 354 -> 332, MobileNetV3-small 110.9 -> 99.8, ConvNeXt-tiny 163.4 -> 158.5.
 
+Then its taps came to be computed along output rows (:func:`~fusiontune.codegen.microkernel.depthwise_rows`,
+where a row holds at least one block of positions): each input vector is loaded once per kernel
+row and serves the ``kw`` taps that read it. The taps of dw5x5 240 @28 took 67.6 us instead of
+92.3 (the Intel Xeon VM, one thread); the kernel as a whole gained 1.05x-1.16x, its transposes
+in and out now costing as much as the taps. With it, chan beats plane on windows of 25 taps or
+more at any output size (:data:`CHAN_WIDE_TAPS`), and on 3x3 windows mostly not.
+
 Index arithmetic: an epilogue whose ops all vectorize (no libm call: ``math="approx"``, or no
 transcendental at all) casts its position indices to unsigned. numba wraps a negative signed
 index around (``i < 0 ? i + n : i``); where LLVM cannot prove an index that varies in the inner
