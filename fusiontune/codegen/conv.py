@@ -734,8 +734,8 @@ def generate_conv_kernel(
             lines[0] = decorator(args, parallel=parallel, reassoc=False)
         lines += _chan_body(win, group, dtype, ax, aw, body, parallel, tail, bool(derived))
         # imported by its full name, so that the kernel cache key covers microkernel.py
-        imports = ["from fusiontune.codegen.microkernel import depthwise, depthwise_rows, transposes",
-                   f"dwk = depthwise({dtype!r})", f"dw_in, dw_out = transposes({dtype!r})"]
+        imports = ["from fusiontune.codegen.microkernel import depthwise, depthwise_rows, transpose_in",
+                   f"dwk = depthwise({dtype!r})", f"dw_in = transpose_in({dtype!r})"]
         if chan_by_rows(win):
             imports.append(f"dwr = depthwise_rows({dtype!r}, {win.kw}, {win.sw}, {win.dw})")
     elif algo == "axpy":
@@ -1305,7 +1305,7 @@ def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequ
     bpt = -(-nb // nck)
     prange = "numba.prange" if parallel else "range"
     wk = aw
-    ldt = -(-positions // vw) * vw
+    ldt = max(pp, -(-positions // vw) * vw)  # the rows of ``tile``: the micro-kernels store pp positions
     lines = [
         f"    dst = np.empty({win.h * win.w}, dtype=np.int64)",
         f"    for ih in range({win.h}):",
@@ -1341,16 +1341,15 @@ def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequ
         f"        b0 = (t % {nck}) * {bpt}",
         f"        b1 = min(b0 + {bpt}, {nb})",
         f"        xt = np.zeros({hp * wp * vw}, dtype=np.{dtype})",
-        f"        at = np.empty({max(pp, ldt) * vw}, dtype=np.{dtype})",  # dw_out reads ldt rows
         f"        tile = np.empty(({vw}, {ldt}), dtype=np.{dtype})",
         "        for b in range(b0, b1):",
         f"            c0 = b * {vw}",
         f"            cw = min({vw}, {group} - c0)",
         f"            dw_in({win.h * win.w}, {ax}[n, c0].ctypes.data, {win.h * win.w}, cw, dst.ctypes.data, xt.ctypes.data)",
-        (f"            dwr({win.oh}, {win.ow}, xt.ctypes.data, {win.sh * wp * vw}, {win.dh * wp * vw}, {win.kh}, "
-         f"{wk}[b].ctypes.data, at.ctypes.data)" if by_rows else
-         f"            dwk({pp}, xt.ctypes.data, po.ctypes.data, so.ctypes.data, {taps}, {wk}[b].ctypes.data, at.ctypes.data)"),
-        f"            dw_out({positions}, at.ctypes.data, cw, tile.ctypes.data, {ldt})",
+        *([f"            dwr({win.oh}, {win.ow}, xt.ctypes.data, {win.sh * wp * vw}, {win.dh * wp * vw}, {win.kh}, "
+           f"{wk}[b].ctypes.data, tile.ctypes.data, {ldt})"] if by_rows else
+          [f"            dwk({pp}, xt.ctypes.data, po.ctypes.data, so.ctypes.data, {taps}, {wk}[b].ctypes.data, "
+           f"tile.ctypes.data, {ldt})"]),
         "            for j in range(cw):",
         "                m = c0 + j",
         "                tj = tile[j]",

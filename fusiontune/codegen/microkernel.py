@@ -272,7 +272,7 @@ DEPTHWISE_ROWS = 8
 
 def depthwise_symbol(dtype: str) -> str:
     """The symbol of ``dtype``'s depthwise micro-kernel (:func:`depthwise`)."""
-    return f"fusiontune_dwk_{dtype}_{lanes(dtype)}"
+    return f"fusiontune_dwkt_{dtype}_{lanes(dtype)}"
 
 
 def _depthwise_ir(dtype: str) -> str:
@@ -283,13 +283,13 @@ def _depthwise_ir(dtype: str) -> str:
     rows = range(DEPTHWISE_ROWS)
     fma = f"@llvm.fma.v{vw}f{32 if t == 'float' else 64}"
     out = [
-        f"define void @{depthwise_symbol(dtype)}(i64 %P, i64 %X, i64 %po, i64 %so, i64 %ntaps, i64 %W, i64 %Y) #0 {{",
+        f"define void @{depthwise_symbol(dtype)}(i64 %P, i64 %X, i64 %po, i64 %so, i64 %ntaps, i64 %W, i64 %T, i64 %ldt) #0 {{",
         "entry:",
         "  %px = inttoptr i64 %X to ptr",
         "  %ppo = inttoptr i64 %po to ptr",
         "  %pso = inttoptr i64 %so to ptr",
         "  %pw = inttoptr i64 %W to ptr",
-        "  %py = inttoptr i64 %Y to ptr",
+        "  %py = inttoptr i64 %T to ptr",
         "  br label %blk",
         "blk:",
         "  %p = phi i64 [0, %entry], [%p1, %bend]",
@@ -316,10 +316,7 @@ def _depthwise_ir(dtype: str) -> str:
             "  %tmore = icmp slt i64 %t1, %ntaps",
             "  br i1 %tmore, label %tap, label %bend",
             "bend:"]
-    for r in rows:
-        out += [f"  %yo_{r} = mul i64 %pr_{r}, {vw}",
-                f"  %pyr_{r} = getelementptr {t}, ptr %py, i64 %yo_{r}",
-                f"  store {vt} %an_{r}, ptr %pyr_{r}, align 4"]
+    out += _channel_rows_store(dtype, [f"%an_{r}" for r in rows], "%p", "%py")
     out += [f"  %p1 = add i64 %p, {DEPTHWISE_ROWS}",
             "  %pmore = icmp slt i64 %p1, %P",
             "  br i1 %pmore, label %blk, label %done",
@@ -333,22 +330,50 @@ def _depthwise_ir(dtype: str) -> str:
 def depthwise(dtype: str) -> types.ExternalFunction:
     """The depthwise (channels-last) micro-kernel of ``dtype``, compiled once per process::
 
-        dwk(P, X, po, so, ntaps, W, Y)
+        dwk(P, X, po, so, ntaps, W, T, ldt)
 
-    computes, for output positions ``p < P`` (``P`` a multiple of :data:`DEPTHWISE_ROWS`) and the
-    ``VW`` channels of one block (``j < VW``)::
+    computes, for output positions ``p < P`` (``P`` a multiple of :data:`DEPTHWISE_ROWS`, at
+    most ``ldt``) and the ``VW`` channels of one block (``j < VW``)::
 
-        Y[p * VW + j] = sum over t < ntaps of W[t * VW + j] * X[po[p] + so[t] + j]
+        T[j * ldt + p] = sum over t < ntaps of W[t * VW + j] * X[po[p] + so[t] + j]
 
     ``X`` is a zero-padded input of one block of channels laid out (position, channel in block),
     ``po`` (``P`` int64) the element offset of each output position's window and ``so`` (``ntaps``
     int64) each tap's offset within it (the stride and dilation are in them), ``W`` the block's
     weights (tap, channel in block). :data:`DEPTHWISE_ROWS` positions are computed together: the
     tap's weight vector is loaded once for all of them, one input vector per multiply-add (numba's
-    loops over the channels of a position reloaded both, and the accumulator, every tap).
+    loops over the channels of a position reloaded both, and the accumulator, every tap). The
+    results are stored channel by channel, as :func:`depthwise_rows` stores them.
     """
     _jit(_depthwise_ir(dtype), depthwise_symbol(dtype))
-    return types.ExternalFunction(depthwise_symbol(dtype), types.void(*([types.intp] * 7)))
+    return types.ExternalFunction(depthwise_symbol(dtype), types.void(*([types.intp] * 8)))
+
+
+def _channel_rows_store(dtype: str, acc: list[str], p0: str, pt: str) -> list[str]:
+    """IR that stores ``len(acc)`` positions' vectors of ``VW`` channels (``acc[r]``: position
+    ``p0 + r``) channel by channel: transposed in registers (:func:`_transpose_lines`), then
+    lane ``j`` of every position goes to ``T[j * ldt + p0 .. + len(acc)]``, one store of
+    ``len(acc)`` lanes per channel (``%ldt`` and ``T``'s pointer ``pt`` are the caller's)."""
+    t = _LLVM_TYPE[dtype]
+    vw = lanes(dtype)
+    vt = f"<{vw} x {t}>"
+    out: list[str] = []
+    for c in range(0, len(acc), vw):  # more positions than lanes (float64 on AVX2): VW at a time
+        part = acc[c:c + vw]
+        nr = len(part)
+        tl, cols = _transpose_lines(vt, vw, part, f"tt{c}_")
+        out += tl + [f"  %q{c} = add i64 {p0}, {c}"]
+        for i in range(nr):
+            for b in range(vw // nr):
+                j = b * nr + i
+                v = f"{c}_{j}"
+                mask = "<" + ", ".join(f"i32 {b * nr + q}" for q in range(nr)) + ">"
+                out += [f"  %v{v} = shufflevector {vt} {cols[i]}, {vt} poison, <{nr} x i32> {mask}",
+                        f"  %to{v} = mul i64 %ldt, {j}",
+                        f"  %ta{v} = add i64 %to{v}, %q{c}",
+                        f"  %pt{v} = getelementptr {t}, ptr {pt}, i64 %ta{v}",
+                        f"  store <{nr} x {t}> %v{v}, ptr %pt{v}, align 4"]
+    return out
 
 
 def depthwise_row_block() -> int:
@@ -361,7 +386,7 @@ def depthwise_row_block() -> int:
 def depthwise_rows_symbol(dtype: str, kw: int, sw: int, dw: int) -> str:
     """The symbol of ``dtype``'s row-blocked depthwise micro-kernel for a window ``kw`` wide at
     column stride ``sw`` and dilation ``dw`` (:func:`depthwise_rows`)."""
-    return f"fusiontune_dwr_{dtype}_{lanes(dtype)}_k{kw}s{sw}d{dw}r{depthwise_row_block()}"
+    return f"fusiontune_dwrt_{dtype}_{lanes(dtype)}_k{kw}s{sw}d{dw}r{depthwise_row_block()}"
 
 
 def _depthwise_rows_ir(dtype: str, kw: int, sw: int, dw: int) -> str:
@@ -375,11 +400,11 @@ def _depthwise_rows_ir(dtype: str, kw: int, sw: int, dw: int) -> str:
     cols = sorted({r * sw + k * dw for r in rows for k in range(kw)})  # the input columns a block reads
     out = [
         f"define void @{depthwise_rows_symbol(dtype, kw, sw, dw)}"
-        "(i64 %OH, i64 %OW, i64 %X, i64 %rs, i64 %ks, i64 %KH, i64 %W, i64 %Y) #0 {",
+        "(i64 %OH, i64 %OW, i64 %X, i64 %rs, i64 %ks, i64 %KH, i64 %W, i64 %T, i64 %ldt) #0 {",
         "entry:",
         "  %px = inttoptr i64 %X to ptr",
         "  %pw = inttoptr i64 %W to ptr",
-        "  %py = inttoptr i64 %Y to ptr",
+        "  %py = inttoptr i64 %T to ptr",
         f"  %owr = add i64 %OW, {nr - 1}",
         f"  %nb = udiv i64 %owr, {nr}",
         f"  %last = sub i64 %OW, {nr}",
@@ -418,13 +443,9 @@ def _depthwise_rows_ir(dtype: str, kw: int, sw: int, dw: int) -> str:
     out += ["  %k1 = add i64 %k, 1",
             "  %kmore = icmp slt i64 %k1, %KH",
             "  br i1 %kmore, label %kh, label %bend",
-            "bend:"]
-    for r in rows:
-        out += [f"  %yp_{r} = add i64 %yr, %c0",
-                f"  %yq_{r} = add i64 %yp_{r}, {r}",
-                f"  %yo_{r} = mul i64 %yq_{r}, {vw}",
-                f"  %pyr_{r} = getelementptr {t}, ptr %py, i64 %yo_{r}",
-                f"  store {vt} %a{kw}_{r}, ptr %pyr_{r}, align 4"]
+            "bend:",
+            "  %p0 = add i64 %yr, %c0"]
+    out += _channel_rows_store(dtype, [f"%a{kw}_{r}" for r in rows], "%p0", "%py")
     out += ["  %b1 = add i64 %b, 1",
             "  %bmore = icmp slt i64 %b1, %nb",
             "  br i1 %bmore, label %blk, label %rowend",
@@ -443,12 +464,12 @@ def depthwise_rows(dtype: str, kw: int, sw: int, dw: int) -> types.ExternalFunct
     """The row-blocked depthwise (channels-last) micro-kernel of ``dtype`` for a window ``kw``
     wide at column stride ``sw`` and dilation ``dw``, compiled once per process::
 
-        dwr(OH, OW, X, rs, ks, KH, W, Y)
+        dwr(OH, OW, X, rs, ks, KH, W, T, ldt)
 
     computes, for output rows ``oh < OH``, columns ``ow < OW`` (``OW`` at least
     :func:`depthwise_row_block`) and the ``VW`` channels of one block (``j < VW``)::
 
-        Y[(oh * OW + ow) * VW + j] = sum over kh < KH, k < kw of
+        T[j * ldt + oh * OW + ow] = sum over kh < KH, k < kw of
             W[(kh * kw + k) * VW + j] * X[oh * rs + kh * ks + (ow * sw + k * dw) * VW + j]
 
     ``X`` is the zero-padded input of one block laid out (position, channel in block), as
@@ -458,27 +479,35 @@ def depthwise_rows(dtype: str, kw: int, sw: int, dw: int) -> types.ExternalFunct
     overlapping the one before it where ``OW`` is not a multiple of the block: for each kernel
     row the block's input vectors are loaded once and each serves every tap that reads it
     (``nr + kw - 1`` loads and ``kw`` weight loads for ``nr * kw`` multiply-adds at stride 1,
-    where :func:`depthwise` loads one input vector per multiply-add, and is load-bound).
+    where :func:`depthwise` loads one input vector per multiply-add, and is load-bound). The
+    block's results are transposed in registers and stored channel by channel, ``nr`` contiguous
+    positions of ``T``'s row of each (all ``VW`` rows: ``T`` holds ``VW`` rows of ``ldt``), so no
+    copy out of the channels-last layout follows.
     """
     _jit(_depthwise_rows_ir(dtype, kw, sw, dw), depthwise_rows_symbol(dtype, kw, sw, dw))
-    return types.ExternalFunction(depthwise_rows_symbol(dtype, kw, sw, dw), types.void(*([types.intp] * 8)))
+    return types.ExternalFunction(depthwise_rows_symbol(dtype, kw, sw, dw), types.void(*([types.intp] * 9)))
 
 
-def transpose_symbols(dtype: str) -> tuple[str, str]:
-    """The symbols of ``dtype``'s channels-last copies in and out (:func:`transposes`)."""
-    return f"fusiontune_dwin_{dtype}_{lanes(dtype)}", f"fusiontune_dwout_{dtype}_{lanes(dtype)}"
+def transpose_symbol(dtype: str) -> str:
+    """The symbol of ``dtype``'s copy into the channels-last layout (:func:`transpose_in`)."""
+    return f"fusiontune_dwin_{dtype}_{lanes(dtype)}"
 
 
 def _transpose_lines(vt: str, vw: int, rows: list[str], tag: str) -> tuple[list[str], list[str]]:
     """IR that transposes ``vw`` vectors of ``vw`` lanes (``rows[i][k]`` -> ``out[k][i]``): log2(vw)
     rounds of ``vw`` two-vector shuffles with constant masks; the round of half-width ``h`` swaps
-    the off-diagonal ``h x h`` blocks of each pair of rows ``h`` apart."""
+    the off-diagonal ``h x h`` blocks of each pair of rows ``h`` apart.
+
+    Given ``n < vw`` rows (a power of two), the rounds from ``h = n / 2`` transpose each ``n x n``
+    block of lanes in place: ``out[i]``'s lanes ``b * n .. b * n + n - 1`` are column ``b * n + i``
+    (``rows[0][b * n + i], .., rows[n - 1][b * n + i]``)."""
     lines: list[str] = []
     cur = list(rows)
-    h, rnd = vw // 2, 0
+    n = len(rows)
+    h, rnd = n // 2, 0
     while h >= 1:
         nxt = list(cur)
-        for i in range(vw):
+        for i in range(n):
             if i & h:
                 continue
             lo = [k if not k & h else vw + k - h for k in range(vw)]  # A[k] | B[k - h]
@@ -514,25 +543,20 @@ def _guarded_stores(vt: str, cols: list[str], bound: str, address: Callable[[int
 
 
 def _transpose_ir(dtype: str) -> str:
-    """LLVM IR of the two copies of :func:`transposes`: ``VW x VW`` tiles transposed in registers."""
+    """LLVM IR of :func:`transpose_in`: ``VW x VW`` tiles transposed in registers."""
     t = _LLVM_TYPE[dtype]
     vw = lanes(dtype)
     vt, it, mt = f"<{vw} x {t}>", f"<{vw} x i64>", f"<{vw} x i1>"
     bits = 32 if t == "float" else 64
     mload = f"@llvm.masked.load.v{vw}f{bits}.p0"
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
-    sym_in, sym_out = transpose_symbols(dtype)
+    sym_in = transpose_symbol(dtype)
 
     def to_dst(i: int) -> list[str]:  # XT + dst[q0 + i]
         return [f"  %qi{i} = add i64 %q0, {i}",
                 f"  %dp{i} = getelementptr i64, ptr %pd, i64 %qi{i}",
                 f"  %d{i} = load i64, ptr %dp{i}, align 8",
                 f"  %p{i} = getelementptr {t}, ptr %pt, i64 %d{i}"]
-
-    def to_row(j: int) -> list[str]:  # T + j * ldt + q0
-        return [f"  %to{j} = mul i64 %ldt, {j}",
-                f"  %ta{j} = add i64 %to{j}, %q0",
-                f"  %p{j} = getelementptr {t}, ptr %pt, i64 %ta{j}"]
 
     loop_end = [f"  %q1 = add i64 %q0, {vw}", "  %more = icmp slt i64 %q1, BOUND",
                 "  br i1 %more, label %chunk, label %done", "done:", "  ret void", "}"]
@@ -564,52 +588,26 @@ def _transpose_ir(dtype: str) -> str:
     out += tl + ["  %left = sub i64 %n, %q0", "  br label %s0"]
     out += _guarded_stores(vt, cols, "%left", to_dst)
     out += ["next:", *(line.replace("BOUND", "%n") for line in loop_end)]
-    # T[j * ldt + q] = Y[q * VW + j] for j < cw, q < P rounded up to VW (Y holds those rows)
-    out += [
-        f"define void @{sym_out}(i64 %P, i64 %Y, i64 %cw, i64 %T, i64 %ldt) #0 {{",
-        "entry:",
-        "  %py = inttoptr i64 %Y to ptr",
-        "  %pt = inttoptr i64 %T to ptr",
-        "  br label %chunk",
-        "chunk:",
-        "  %q0 = phi i64 [0, %entry], [%q1, %next]",
-    ]
-    rows = []
-    for i in range(vw):
-        out += [f"  %yo{i} = add i64 %q0, {i}",
-                f"  %ye{i} = mul i64 %yo{i}, {vw}",
-                f"  %yp{i} = getelementptr {t}, ptr %py, i64 %ye{i}",
-                f"  %y{i} = load {vt}, ptr %yp{i}, align 4"]
-        rows.append(f"%y{i}")
-    tl, cols = _transpose_lines(vt, vw, rows, "to")
-    out += tl + ["  br label %s0"]
-    out += _guarded_stores(vt, cols, "%cw", to_row)
-    out += ["next:", *(line.replace("BOUND", "%P") for line in loop_end)]
     out += [f"declare {vt} {mload}(ptr, i32, {mt}, {vt})",
             'attributes #0 = { nounwind "frame-pointer"="none" }']
     return "\n".join(out) + "\n"
 
 
 @functools.cache
-def transposes(dtype: str) -> tuple[types.ExternalFunction, types.ExternalFunction]:
-    """The channels-last depthwise kernel's copies in and out of a block of ``VW`` channels, as
-    ``VW x VW`` tiles transposed in vector registers (numba's loops copied one element at a time;
-    masked vector gathers were no faster on Zen 5), compiled once per process::
+def transpose_in(dtype: str) -> types.ExternalFunction:
+    """The channels-last depthwise kernel's copy into a block of ``VW`` channels, as ``VW x VW``
+    tiles transposed in vector registers (numba's loops copied one element at a time; masked
+    vector gathers were no faster on Zen 5), compiled once per process::
 
         dw_in(n, X, cs, cw, dst, XT)    # XT[dst[q] + j] = X[j * cs + q], q < n, j < VW (0 past cw)
-        dw_out(P, Y, cw, T, ldt)        # T[j * ldt + q] = Y[q * VW + j], j < cw, q < P
 
-    ``dw_in`` reads ``cw`` channel planes ``cs`` apart (NCHW) into the (position, channel) scratch,
-    ``dst`` (``n`` int64) giving each input position's place there; ``dw_out`` turns the block's
-    (position, channel) result into one row per channel, rows ``ldt`` apart, ``ldt`` at least
-    ``P`` rounded up to ``VW`` (whole vectors are stored), and ``Y`` holding that many rows. Both
-    need ``n``, ``P`` and ``cw`` of at least 1.
+    It reads ``cw`` channel planes ``cs`` apart (NCHW) into the (position, channel) scratch,
+    ``dst`` (``n`` int64) giving each input position's place there; ``n`` and ``cw`` at least 1.
+    The way back needs no copy of its own: the micro-kernels store their results channel by
+    channel (:func:`depthwise`, :func:`depthwise_rows`).
     """
-    sym_in, sym_out = transpose_symbols(dtype)
-    _jit(_transpose_ir(dtype), sym_in)
-    llvm.add_symbol(sym_out, _ENGINES[-1].get_function_address(sym_out))  # type: ignore[attr-defined]
-    return (types.ExternalFunction(sym_in, types.void(*([types.intp] * 6))),
-            types.ExternalFunction(sym_out, types.void(*([types.intp] * 5))))
+    _jit(_transpose_ir(dtype), transpose_symbol(dtype))
+    return types.ExternalFunction(transpose_symbol(dtype), types.void(*([types.intp] * 6)))
 
 
 def rows_copy_symbol(dtype: str, step: int = 1) -> str:

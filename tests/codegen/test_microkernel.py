@@ -111,14 +111,14 @@ def test_pack_weights_layout() -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_depthwise_microkernel_matches_numpy(dtype: str) -> None:
-    """``Y[p, :] = sum_t W[t, :] * X[po[p] + so[t] : ... + VW]`` over 24 positions (3 register blocks)
-    and 9 taps, at offsets of a stride-2 window over a padded grid."""
+    """``T[:, p] = sum_t W[t, :] * X[po[p] + so[t] : ... + VW]`` over 24 positions (3 register blocks)
+    and 9 taps, at offsets of a stride-2 window over a padded grid, stored one row per channel."""
     dwk = microkernel.depthwise(dtype)
     vw = microkernel.lanes(dtype)
 
     @numba.njit
-    def call(p, x, po, so, ntaps, w, y):  # type: ignore[no-untyped-def]
-        dwk(p, x.ctypes.data, po.ctypes.data, so.ctypes.data, ntaps, w.ctypes.data, y.ctypes.data)
+    def call(p, x, po, so, ntaps, w, t, ldt):  # type: ignore[no-untyped-def]
+        dwk(p, x.ctypes.data, po.ctypes.data, so.ctypes.data, ntaps, w.ctypes.data, t.ctypes.data, ldt)
 
     rng = np.random.default_rng(0)
     wp, rows = 13, microkernel.DEPTHWISE_ROWS
@@ -127,28 +127,57 @@ def test_depthwise_microkernel_matches_numpy(dtype: str) -> None:
     so = np.array([(kh * wp + kw) * vw for kh in range(3) for kw in range(3)], dtype=np.int64)
     x = rng.standard_normal(13 * wp * vw).astype(dtype)
     w = rng.standard_normal((9, vw)).astype(dtype)
-    y = np.full((p, vw), np.nan, dtype=dtype)
-    call(p, x, po, so, 9, w, y)
-    want = np.stack([sum(w[t] * x[po[q] + so[t]:po[q] + so[t] + vw] for t in range(9)) for q in range(p)])
-    np.testing.assert_allclose(y, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
+    ldt = p + 5
+    t = np.full((vw, ldt), np.nan, dtype=dtype)
+    call(p, x, po, so, 9, w, t, ldt)
+    want = np.stack([sum(w[k] * x[po[q] + so[k]:po[q] + so[k] + vw] for k in range(9)) for q in range(p)])
+    np.testing.assert_allclose(t[:, :p], want.T, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
+    assert np.isnan(t[:, p:]).all()  # nothing past the positions
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("oh", "ow", "kh", "kw", "sw", "dw"), [(3, 8, 3, 3, 1, 1), (2, 11, 5, 5, 2, 1),
+                                                                 (4, 9, 1, 7, 1, 2), (1, 16, 3, 3, 3, 1)])
+def test_row_blocked_depthwise_microkernel_matches_numpy(dtype: str, oh: int, ow: int, kh: int, kw: int,
+                                                         sw: int, dw: int) -> None:
+    """Output rows of one block and more (the last block overlapping the one before), at strides
+    and dilations of the columns; rows ``rs`` and kernel rows ``ks`` apart in the padded input."""
+    vw = microkernel.lanes(dtype)
+    dwr = microkernel.depthwise_rows(dtype, kw, sw, dw)
+
+    @numba.njit
+    def call(oh, ow, x, rs, ks, kh, w, t, ldt):  # type: ignore[no-untyped-def]
+        dwr(oh, ow, x.ctypes.data, rs, ks, kh, w.ctypes.data, t.ctypes.data, ldt)
+
+    rng = np.random.default_rng(oh * ow)
+    wp = (ow - 1) * sw + (kw - 1) * dw + 3
+    sh, dh = 2, 1
+    hp = (oh - 1) * sh + (kh - 1) * dh + 1
+    x = rng.standard_normal((hp, wp, vw)).astype(dtype)
+    w = rng.standard_normal((kh * kw, vw)).astype(dtype)
+    ldt = oh * ow + 3
+    t = np.full((vw, ldt), np.nan, dtype=dtype)
+    call(oh, ow, x, sh * wp * vw, dh * wp * vw, kh, w, t, ldt)
+    want = np.zeros((oh, ow, vw))
+    for i in range(kh):
+        for k in range(kw):
+            want += w[i * kw + k] * x[i * dh:i * dh + (oh - 1) * sh + 1:sh, k * dw:k * dw + (ow - 1) * sw + 1:sw]
+    np.testing.assert_allclose(t[:, :oh * ow], want.reshape(-1, vw).T, rtol=1e-5 if dtype == "float32" else 1e-12,
+                               atol=1e-5)
+    assert np.isnan(t[:, oh * ow:]).all()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize(("n", "cw"), [(16, 16), (21, 5), (64, 16), (3, 1), (49, 13)])
-def test_channels_last_transposes_match_numpy(dtype: str, n: int, cw: int) -> None:
+def test_channels_last_copy_matches_numpy(dtype: str, n: int, cw: int) -> None:
     """dw_in scatters ``cw`` channel planes into (position, channel) rows at ``dst`` (lanes past ``cw``
-    zero); dw_out turns (position, channel) rows into one row per channel. Partial tiles at both
-    ends: ``n`` not a multiple of the lanes, fewer channels than lanes."""
-    dw_in, dw_out = microkernel.transposes(dtype)
+    zero). Partial tiles at both ends: ``n`` not a multiple of the lanes, fewer channels than lanes."""
+    dw_in = microkernel.transpose_in(dtype)
     vw = microkernel.lanes(dtype)
 
     @numba.njit
     def tin(n, x, cs, cw, dst, xt):  # type: ignore[no-untyped-def]
         dw_in(n, x.ctypes.data, cs, cw, dst.ctypes.data, xt.ctypes.data)
-
-    @numba.njit
-    def tout(p, y, cw, t, ldt):  # type: ignore[no-untyped-def]
-        dw_out(p, y.ctypes.data, cw, t.ctypes.data, ldt)
 
     cw = min(cw, vw)
     rng = np.random.default_rng(n)
@@ -161,12 +190,6 @@ def test_channels_last_transposes_match_numpy(dtype: str, n: int, cw: int) -> No
     for q in range(n):
         np.testing.assert_array_equal(xt[dst[q]:dst[q] + vw], lanes[:, q])
     assert np.all(xt[:vw] == 7)  # nothing written outside the rows named
-    ldt = -(-n // vw) * vw
-    y = rng.standard_normal((ldt, vw)).astype(dtype)
-    t = np.full((vw, ldt), 7, dtype=dtype)
-    tout(n, y, cw, t, ldt)
-    np.testing.assert_array_equal(t[:cw, :n], y[:n, :cw].T)
-    assert np.all(t[cw:] == 7)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
