@@ -206,7 +206,10 @@ where a row holds at least one block of positions): each input vector is loaded 
 row and serves the ``kw`` taps that read it. The taps of dw5x5 240 @28 took 67.6 us instead of
 92.3 (the Intel Xeon VM, one thread); the kernel as a whole gained 1.05x-1.16x, its transposes
 in and out now costing as much as the taps. With it, chan beats plane on windows of 25 taps or
-more at any output size (:data:`CHAN_WIDE_TAPS`), and on 3x3 windows mostly not.
+more at any output size (:data:`CHAN_WIDE_TAPS`), and on 3x3 windows mostly not. Then the
+micro-kernels came to store their results channel by channel (no copy out of the blocked layout:
+dw5x5 240 @28 1.25x, dw3x3 480 @14 1.20x), and chan beat plane on 3x3 windows too from 32
+channels on, up to 64x64 outputs (:data:`CHAN_MANY_CHANNELS`).
 
 Index arithmetic: an epilogue whose ops all vectorize (no libm call: ``math="approx"``, or no
 transcendental at all) casts its position indices to unsigned. numba wraps a negative signed
@@ -324,6 +327,15 @@ channels (half a block of 16 lanes) 0.72x-1.02x; dw3x3 (9 taps) 0.51x-1.19x, mos
 (the transposes in and out cost as much as its taps)."""
 CHAN_WIDE_MIN_CHANNELS = 16
 """See :data:`CHAN_WIDE_TAPS`."""
+CHAN_MANY_CHANNELS = 32
+"""A depthwise conv of at least this many channels (two blocks of 16 lanes) runs chan up to
+:data:`CHAN_MANY_MAX_POSITIONS` outputs, whatever its window, once its micro-kernels store their
+results channel by channel (no copy out of the blocked layout). Measured the same way as
+:data:`CHAN_WIDE_TAPS` (plane / chan): dw3x3 with 32 to 256 channels at 16x16 to 56x56 outputs
+1.01x-1.71x at stride 1 and 1.08x-1.51x at stride 2; with 16 channels 0.82x-1.08x; dw3x3 32 @112
+(112x112 outputs) 0.96x."""
+CHAN_MANY_MAX_POSITIONS = 4096
+"""See :data:`CHAN_MANY_CHANNELS`."""
 
 
 AXPY_MAX_K = 16
@@ -360,7 +372,8 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
     groups, a reduction shorter than :data:`DIRECT_MAX_K`) and a 1x1 conv with a short reduction.
     The depthwise-like one runs ``chan`` when it has one input and one output channel per group
     and :data:`CHAN_MIN_POSITIONS` (strided: :data:`CHAN_MIN_STRIDED_POSITIONS`) to
-    :data:`CHAN_MAX_POSITIONS` outputs, or more with a wide window (:data:`CHAN_WIDE_TAPS`);
+    :data:`CHAN_MAX_POSITIONS` outputs, or more with a wide window (:data:`CHAN_WIDE_TAPS`) or
+    many channels (:data:`CHAN_MANY_CHANNELS`);
     else ``direct`` with
     fewer than :data:`DIRECT_MAX_POSITIONS` output positions; else ``plane``, at any stride,
     kernel and plane size. The 1x1 one (not ``strided``, not ``padded``, no ``prologue``)
@@ -368,7 +381,8 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
     if group > 1 and cg * kh * kw < DIRECT_MAX_K:
         least = CHAN_MIN_STRIDED_POSITIONS if strided else CHAN_MIN_POSITIONS
         wide = kh * kw >= CHAN_WIDE_TAPS and group >= CHAN_WIDE_MIN_CHANNELS
-        if cg == mg == 1 and least <= positions and (positions < CHAN_MAX_POSITIONS or wide):
+        many = group >= CHAN_MANY_CHANNELS and positions <= CHAN_MANY_MAX_POSITIONS
+        if cg == mg == 1 and least <= positions and (positions < CHAN_MAX_POSITIONS or wide or many):
             return "chan"
         if positions < DIRECT_MAX_POSITIONS:
             return "direct"

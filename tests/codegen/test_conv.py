@@ -317,9 +317,11 @@ def test_conv_prologue_is_refused_where_the_rule_picks_another_algorithm() -> No
 
 
 def test_conv_algo_rule_packed_but_direct_plane_or_chan_for_depthwise() -> None:
-    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=784) == "plane"  # 28x28
+    assert choose_conv_algo(1, 1, 3, 3, group=16, positions=784) == "plane"  # 28x28, one block of channels
+    assert choose_conv_algo(1, 1, 3, 3, group=32, positions=784) == "chan"  # 28x28, two blocks
+    assert choose_conv_algo(1, 1, 3, 3, group=96, positions=3136, strided=True) == "chan"  # s2, 56x56
     assert choose_conv_algo(1, 1, 3, 3, group=32, positions=12544) == "plane"  # 112x112
-    assert choose_conv_algo(1, 1, 3, 3, group=96, positions=256) == "plane"  # 3x3 @16
+    assert choose_conv_algo(1, 1, 3, 3, group=16, positions=256) == "plane"  # 3x3 @16
     assert choose_conv_algo(1, 1, 5, 5, group=8, positions=256) == "plane"  # 5x5 @16, half a block of lanes
     assert choose_conv_algo(1, 1, 5, 5, group=32, positions=256) == "chan"  # 5x5 @16: a wide window
     assert choose_conv_algo(1, 1, 7, 7, group=96, positions=3136) == "chan"  # 7x7 @56
