@@ -1296,12 +1296,15 @@ def _chan_body(win: Window, group: int, dtype: str, ax: str, aw: str, body: Sequ
     ``VW`` channels (one vector register: 16 float32 lanes with AVX-512), the layout of
     onnxruntime's NCHWc depthwise kernels: one unit per (image, run of blocks). For each block the
     unit copies the channels' input planes into a zero-padded (position, channel) scratch (its
-    border, zeroed once per unit, stays zero), then codegen/microkernel.py's depthwise micro-kernel
-    computes every output position of the block: :data:`~fusiontune.codegen.microkernel.DEPTHWISE_ROWS`
-    positions at a time in vector registers, each tap's weight vector loaded once for them all.
-    Then the epilogue runs per channel: its column of the block's result is gathered into a
-    contiguous row, and the epilogue runs over that row and writes the channel's outputs as one
-    run, which LLVM vectorizes.
+    border, zeroed once per unit, stays zero), then one of codegen/microkernel.py's depthwise
+    micro-kernels computes every output position of the block: where an output row holds a block
+    of positions (:func:`chan_by_rows`), :func:`~fusiontune.codegen.microkernel.depthwise_rows`
+    along the rows, each input vector loaded once per kernel row for every tap that reads it;
+    else :func:`~fusiontune.codegen.microkernel.depthwise`,
+    :data:`~fusiontune.codegen.microkernel.DEPTHWISE_ROWS` positions at a time, each tap's weight
+    vector loaded once for them all. Either stores its result transposed, one contiguous row per
+    channel (``tile``), and the epilogue runs over each channel's row and writes its outputs as
+    one run, which LLVM vectorizes.
 
     ``packed``: the weights arrive packed (a build-time :class:`~fusiontune.codegen.common.Derived`
     of :func:`pack_depthwise`); else they are an input, packed on entry.
