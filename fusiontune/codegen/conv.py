@@ -748,10 +748,11 @@ def generate_conv_kernel(
             lines[0] = decorator(args, parallel=parallel, reassoc=False)
         lines += _chan_body(win, group, dtype, ax, aw, body, parallel, tail, bool(derived))
         # imported by its full name, so that the kernel cache key covers microkernel.py
+        # only the micro-kernel the body calls: each is an LLVM compile on the process's first use
+        taps_kernel = (f"dwr = depthwise_rows({dtype!r}, {win.kw}, {win.sw}, {win.dw})" if chan_by_rows(win)
+                       else f"dwk = depthwise({dtype!r})")
         imports = ["from fusiontune.codegen.microkernel import depthwise, depthwise_rows, transpose_in",
-                   f"dwk = depthwise({dtype!r})", f"dw_in = transpose_in({dtype!r})"]
-        if chan_by_rows(win):
-            imports.append(f"dwr = depthwise_rows({dtype!r}, {win.kw}, {win.sw}, {win.dw})")
+                   taps_kernel, f"dw_in = transpose_in({dtype!r})"]
     elif algo == "axpy":
         # multiply-adds, as the micro-kernel's: half the instructions of a product and a sum
         lines[0] = decorator(args, parallel=parallel, reassoc=False, contract=True)

@@ -378,7 +378,7 @@ def _channel_rows_store(dtype: str, acc: list[str], p0: str, pt: str) -> list[st
 
 def depthwise_row_block() -> int:
     """Output positions of one output row that :func:`depthwise_rows` computes together: 8 with 32
-    vector registers (8 accumulators and up to 22 input vectors of a 7-wide window at stride 2),
+    vector registers (8 accumulators and up to 21 input vectors of a 7-wide window at stride 2),
     4 with 16."""
     return 8 if VECTOR_BITS >= 512 else 4
 
