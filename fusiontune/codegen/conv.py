@@ -716,7 +716,7 @@ def generate_conv_kernel(
         lines += _shifted_body(win, group, CG, MG, min(rows, win.oh), wp, dtype, ax, aw, body, parallel)
         imports = ["from fusiontune.codegen.blas import gemm_at32, gemm_at64"]
     elif algo == "packed":
-        plan = plan_packed(win, MG, dtype, schedule.get("conv_orient"))
+        plan = plan_packed(win, MG, dtype, schedule.get("conv_orient"), CG)
         uk = plan.uk
         geo = packed_geometry(win, max(uk.mr, uk.nr))
         rows = int(schedule.get("conv_rows", 0)) or _packed_rows(win, geo, CG, MG, group, np.dtype(dtype).itemsize, parallel)
@@ -1436,28 +1436,52 @@ class PackedPlan:
 
 LANES_COST = 1.12
 """The ``lanes`` layout's extra cost over its padded work: the transposing epilogue and the
-broadcasts read down the input grid. Set from benchmarks/bench_conv.py's shapes on one core
-(rows faster by 4-20% on the large-spatial ones, lanes by 5-40% where rows' padding exceeds
-about 12%)."""
+broadcasts read down the input grid. Set from benchmarks/bench_conv.py's shapes on one core of an
+AVX-512 machine (rows faster by 4-20% on the large-spatial ones, lanes by 5-40% where rows'
+padding exceeds about 12%)."""
 ROWS_STRIDED_COST = 1.08
 """The ``rows`` layout's extra cost on a strided conv (its reads span several phase planes)."""
+LANES_EPILOGUE_16_REGISTERS = 32.0
+"""On a CPU of 16 vector registers (AVX2), the ``lanes`` layout costs ``1 + this / max(K,
+LANES_EPILOGUE_MIN_K)`` times its padded work (``K``: input channels per group times taps): its
+transposing epilogue is paid per output, once per reduction of length ``K``, and weighs most on
+the 3-channel stems (K = 147). :data:`ROWS_STRIDED_COST_16_REGISTERS` goes with it. Fitted with
+:func:`microkernel.efficiency`'s bound to the times of each block forced in both layouts on 25
+dense conv shapes (benchmarks/bench_conv.py's eleven, four weight-heavy ones at 7x7 and 14x14, and
+ten of the corpus' ResNet-18, MobileNetV3 and SqueezeNet, down to 1x1 planes; an AMD EPYC (Zen 3)
+VM, one thread, 7 interleaved rounds): the rule picks within 0.97 of each shape's best block in
+geometric mean, 0.82 at worst (3x3 8->32 @7). A flat lanes cost of 1.04 scored 0.94 (the stems
+0.73); ``1 + 32 / K`` unbounded sent the convs of 1x1 to 3x3 planes to ``rows`` (0.48-0.81 of
+their best: there ``rows`` computes a whole vector of grid positions for 1 to 9); the AVX-512 rule
+(13x1 and 14x1 first) about 0.86 (of the blocks measured for it), 0.37 at worst."""
+LANES_EPILOGUE_MIN_K = 160
+"""See :data:`LANES_EPILOGUE_16_REGISTERS`: the lanes layout costs at most 1.2 times its work."""
+ROWS_STRIDED_COST_16_REGISTERS = 1.16
+"""See :data:`LANES_EPILOGUE_16_REGISTERS`."""
 
 
-def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None) -> PackedPlan:
+def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg: int | None = None) -> PackedPlan:
     """The orientation (``orient``, or either) and register block with the least predicted time:
     padded work (channels rounded up to the channel block, positions to the position block) over
     the block's measured efficiency (:func:`microkernel.efficiency`), times :data:`LANES_COST` or
-    :data:`ROWS_STRIDED_COST`."""
+    :data:`ROWS_STRIDED_COST` (on AVX2, :data:`LANES_EPILOGUE_16_REGISTERS` and
+    :data:`ROWS_STRIDED_COST_16_REGISTERS`). ``cg``: input channels per group (default all)."""
     wp = packed_geometry(win, 0).wp
     strided = (win.sh, win.sw) != (1, 1)
+    if microkernel.VECTOR_BITS >= 512:
+        lanes_cost, rows_strided = LANES_COST, ROWS_STRIDED_COST
+    else:
+        k = (win.c if cg is None else cg) * win.kh * win.kw
+        lanes_cost = 1.0 + LANES_EPILOGUE_16_REGISTERS / max(k, LANES_EPILOGUE_MIN_K)
+        rows_strided = ROWS_STRIDED_COST_16_REGISTERS
     best: tuple[float, PackedPlan] | None = None
     for mr, nv in microkernel.blocks():
         uk = microkernel.Shape(dtype, mr, nv)
         eff = microkernel.efficiency(mr, nv)
-        lanes = (-(-mg // uk.nr) * uk.nr / mg) * (-(-win.ow // mr) * mr / win.ow) / eff * LANES_COST
+        lanes = (-(-mg // uk.nr) * uk.nr / mg) * (-(-win.ow // mr) * mr / win.ow) / eff * lanes_cost
         grid = win.oh * wp
         rows = (-(-mg // mr) * mr / mg) * (-(-grid // uk.nr) * uk.nr / (win.oh * win.ow)) / eff
-        rows *= ROWS_STRIDED_COST if strided else 1.0
+        rows *= rows_strided if strided else 1.0
         for cost, o in ((lanes, "lanes"), (rows, "rows")):
             if orient in (None, o) and (best is None or cost < best[0] - 1e-9):
                 best = (cost, PackedPlan(o, uk))

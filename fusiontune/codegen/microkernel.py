@@ -93,14 +93,37 @@ def blocks() -> tuple[tuple[int, int], ...]:
 
 
 def efficiency(mr: int, nv: int) -> float:
-    """The share of the FMA peak a block reaches, from measured GFLOP/s of the blocks on this
-    machine (a 2-core Sapphire Rapids, one core, operands in L1; best 211): 18 or more
-    accumulators 0.97-1.0, 16: 0.95, 14: 0.91, 12: 0.81-0.88, 8: 0.69; one row (``mr = 1``,
-    load-bound): 0.45. Two FMA ports of 4 cycles' latency need at least 8 independent
-    accumulators to stay busy, and more hide the loads."""
-    if mr == 1:
-        return 0.45
-    return min(1.0, 0.35 + 0.036 * mr * nv)
+    """The share of the FMA peak a block reaches.
+
+    With 32 vector registers (AVX-512), from measured GFLOP/s of the blocks on a 2-core Sapphire
+    Rapids (one core, operands in L1; best 211): 18 or more accumulators 0.97-1.0, 16: 0.95, 14:
+    0.91, 12: 0.81-0.88, 8: 0.69; one row (``mr = 1``, load-bound): 0.45. Two FMA ports of 4
+    cycles' latency need at least 8 independent accumulators to stay busy, and more hide the
+    loads.
+
+    With 16 (AVX2), a throughput bound: a step of the reduction issues ``mr * nv`` FMAs on two
+    ports, ``mr + nv`` loads (the broadcasts are loads) at :data:`LOADS_PER_CYCLE`, and takes at
+    least :data:`STEP_LATENCY` cycles, the accumulators' dependency chain. Fitted inside the
+    packed conv on an AMD EPYC (Zen 3) VM (each block forced on eleven dense conv shapes of
+    benchmarks/bench_conv.py, one thread, 7 interleaved rounds; median time relative to the
+    shape's best, corrected for padding): 6x2, 5x2 and 4x3 0.97-1.04, 14x1 0.88-0.92 (load-bound:
+    15 loads for 14 FMAs), 12x1 0.85-0.88, 10x1 0.82, 3x3 0.85, 8x1, 4x2, 3x2 and 2x4 0.70-0.76 (8
+    accumulators or fewer: latency-bound); the constants together with the layout costs of
+    codegen/conv.py (:data:`~fusiontune.codegen.conv.LANES_EPILOGUE_16_REGISTERS`). The AVX-512
+    formula ranked 13x1 and 14x1 first here."""
+    if VECTOR_BITS >= 512:
+        if mr == 1:
+            return 0.45
+        return min(1.0, 0.35 + 0.036 * mr * nv)
+    fmas = mr * nv / 2
+    return fmas / max(fmas, (mr + nv) / LOADS_PER_CYCLE, STEP_LATENCY)
+
+
+LOADS_PER_CYCLE = 2.0
+"""Loads a 16-register (AVX2) core issues per cycle alongside its FMAs (:func:`efficiency`)."""
+STEP_LATENCY = 5.0
+"""Cycles one step of a micro-kernel's reduction takes at least on a 16-register (AVX2) core: an
+FMA's latency and the loop around it (:func:`efficiency`)."""
 
 
 def _ir(s: Shape) -> str:

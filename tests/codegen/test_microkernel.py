@@ -92,11 +92,35 @@ def _window(c: int, h: int, k: int, stride: int) -> Window:
 def test_plan_packed_depthwise_takes_rows_and_few_positions_take_lanes() -> None:
     """One output channel per group cannot fill channel lanes; a 2x2 output of 512 channels
     (ResNet-18's last stage at 64x64) fills half a vector of grid positions at best, with 8
-    lanes (AVX2) or 16 (AVX-512), but no channel block is wasted. (A 7x7 output took lanes with 16
-    lanes only: with 8, rows of 14 channels over 63 grid positions are predicted faster.)"""
+    lanes (AVX2) or 16 (AVX-512), but no channel block is wasted."""
     assert plan_packed(_window(1, 28, 3, 1), 1, "float32").orient == "rows"
     assert plan_packed(_window(512, 2, 3, 1), 512, "float32").orient == "lanes"
     assert plan_packed(_window(512, 2, 3, 1), 512, "float32", "rows").orient == "rows"
+
+
+def test_sixteen_registers_rank_blocks_by_loads_and_latency(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With AVX2's 16 registers a block is bound by its FMAs, its loads (one vector per column
+    vector, one broadcast per row) or the accumulators' latency: 6x2, 5x2 and 4x3 reach the peak, 14x1
+    issues 15 loads for 14 FMAs, 4x2's 8 accumulators wait on the FMA latency. Dense convs then
+    take a 12-accumulator block (the formula fitted on AVX-512 ranked 13x1 and 14x1 first), in
+    either layout."""
+    monkeypatch.setattr(microkernel, "VECTOR_BITS", 256)
+    eff = microkernel.efficiency
+    assert eff(6, 2) == eff(4, 3) == 1.0
+    assert eff(4, 2) < eff(5, 2) == 1.0 and eff(4, 2) < eff(14, 1) < 1.0
+    for win, m in ((_window(64, 56, 3, 1), 64), (_window(2048, 7, 1, 1), 512), (_window(256, 7, 3, 1), 256)):
+        plan = plan_packed(win, m, "float32")
+        assert plan.uk.vw == 8 and plan.uk.mr * plan.uk.nv == 12, plan
+
+
+def test_thirty_two_registers_keep_the_fitted_formula(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With AVX-512 the measured formula of Sapphire Rapids ranks blocks by accumulators (one row
+    load-bound) and the plan takes 16 lanes, whatever CPU runs the test."""
+    monkeypatch.setattr(microkernel, "VECTOR_BITS", 512)
+    eff = microkernel.efficiency
+    assert eff(1, 4) == 0.45 and eff(4, 2) < eff(6, 2) < eff(14, 1) < eff(6, 3) <= 1.0
+    plan = plan_packed(_window(64, 56, 3, 1), 64, "float32")
+    assert plan.uk.vw == 16 and plan.uk.mr * plan.uk.nv + plan.uk.nv + 1 <= 32
 
 
 def test_pack_weights_layout() -> None:
