@@ -4,7 +4,8 @@ output block while it is in cache.
 
 The algorithms, one epilogue:
 
-* ``packed`` (the default for all but some depthwise convs): the weights are packed once, when the
+* ``packed`` (the default for all but some depthwise convs, short 1x1 reductions and, on AVX2,
+  large 1x1 convs, :data:`BLAS_1X1_MIN_POSITIONS`): the weights are packed once, when the
   program is built (a :class:`~fusiontune.codegen.common.Derived` argument computed from the
   constant; packed on entry when the weights are an input, as in a training step), into blocks of
   output channels laid out (tap, input channel, channel in block). A task (image, group, block of
@@ -363,6 +364,18 @@ AXPY_BLOCK = 4096
 positions (16 KiB of float32), read for every output channel while they are in the L1 cache."""
 
 
+BLAS_1X1_MIN_POSITIONS = 196
+"""On a CPU of 16 vector registers (AVX2), a 1x1 conv (one group, no pads, no prologue) with at
+least this many output positions per image (14x14) runs ``im2col``: scipy's BLAS (OpenBLAS's AVX2
+sgemm) over row blocks of the input. Measured on an AMD EPYC (Zen 3) VM, Conv + BatchNorm + Relu
+as one kernel, 9 interleaved rounds, packed time / BLAS time. One thread, at 14x14 to 56x56
+outputs: im2col 0.94x-2.12x on ten stride-1 shapes (1.41x in geometric mean; 1x1 24->144 @28
+2.12x, 128->512 @28 1.69x, 256->64 @56 0.94x) and 1.28x-1.37x on three stride-2 ones; ``shifted``
+(the GEMM read in place) 0.99x-2.03x at stride 1 (1.38x). Two threads: im2col 1.18x-1.72x on six
+of them, shifted 1.05x-1.57x. Below 14x14 the packed kernel wins: @13 0.76x, @8 0.82x, @4 0.78x,
+@7 0.75x-1.01x (1x1 512->2048, 2048->512 and 576->96), s2 512->1024 @14 (7x7 outputs) 0.85x."""
+
+
 def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
                      positions: int = SHIFT_MIN_POSITIONS, *, strided: bool = False,
                      padded: bool = False, prologue: bool = False) -> str:
@@ -377,7 +390,8 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
     else ``direct`` with
     fewer than :data:`DIRECT_MAX_POSITIONS` output positions; else ``plane``, at any stride,
     kernel and plane size. The 1x1 one (not ``strided``, not ``padded``, no ``prologue``)
-    runs ``axpy`` (:data:`AXPY_MAX_K`)."""
+    runs ``axpy`` (:data:`AXPY_MAX_K`); on AVX2, one of :data:`BLAS_1X1_MIN_POSITIONS` outputs or
+    more (not ``padded``, no ``prologue``) runs ``im2col``."""
     if group > 1 and cg * kh * kw < DIRECT_MAX_K:
         least = CHAN_MIN_STRIDED_POSITIONS if strided else CHAN_MIN_POSITIONS
         wide = kh * kw >= CHAN_WIDE_TAPS and group >= CHAN_WIDE_MIN_CHANNELS
@@ -391,6 +405,9 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
             and positions >= AXPY_MIN_POSITIONS \
             and (cg <= AXPY_MAX_K or (mg <= AXPY_SMALL_M and cg <= AXPY_SMALL_M_MAX_K)):
         return "axpy"
+    if (microkernel.VECTOR_BITS < 512 and kh == kw == 1 and group == 1 and not padded and not prologue
+            and positions >= BLAS_1X1_MIN_POSITIONS):
+        return "im2col"
     return "packed"
 
 

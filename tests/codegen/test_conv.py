@@ -340,7 +340,8 @@ def test_conv_algo_rule_packed_but_direct_plane_or_chan_for_depthwise() -> None:
     assert choose_conv_algo(8, 8, 3, 3, group=32) == "packed"  # grouped, 72-long reduction
 
 
-def test_conv_algo_rule_axpy_for_1x1_convs_with_a_short_reduction() -> None:
+def test_conv_algo_rule_axpy_for_1x1_convs_with_a_short_reduction(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(microkernel, "VECTOR_BITS", 512)  # no BLAS 1x1 convs (the next test)
     assert choose_conv_algo(8, 48, 1, 1, positions=1024) == "axpy"
     assert choose_conv_algo(16, 96, 1, 1, positions=64) == "axpy"
     assert choose_conv_algo(32, 8, 1, 1, positions=49) == "axpy"  # few output channels
@@ -352,6 +353,23 @@ def test_conv_algo_rule_axpy_for_1x1_convs_with_a_short_reduction() -> None:
     assert choose_conv_algo(8, 48, 1, 1, positions=1024, prologue=True) == "packed"
     assert choose_conv_algo(8, 48, 3, 3, positions=1024) == "packed"
     assert choose_conv_algo(8, 48, 1, 1, group=2, positions=1024) != "axpy"
+
+
+def test_conv_algo_rule_blas_for_large_1x1_convs_with_16_registers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On AVX2, 1x1 convs of 14x14 outputs or more run on BLAS, at any stride; smaller ones,
+    padded ones and prologues stay packed, short reductions axpy. With AVX-512 they all stay
+    packed."""
+    monkeypatch.setattr(microkernel, "VECTOR_BITS", 256)
+    assert choose_conv_algo(64, 256, 1, 1, positions=3136) == "im2col"
+    assert choose_conv_algo(24, 144, 1, 1, positions=784) == "im2col"
+    assert choose_conv_algo(256, 512, 1, 1, positions=784, strided=True) == "im2col"
+    assert choose_conv_algo(576, 96, 1, 1, positions=49) == "packed"
+    assert choose_conv_algo(64, 256, 1, 1, positions=3136, padded=True) == "packed"
+    assert choose_conv_algo(64, 256, 1, 1, positions=3136, prologue=True) == "packed"
+    assert choose_conv_algo(16, 96, 1, 1, positions=3136) == "axpy"
+    assert choose_conv_algo(64, 64, 3, 3, positions=3136) == "packed"
+    monkeypatch.setattr(microkernel, "VECTOR_BITS", 512)
+    assert choose_conv_algo(64, 256, 1, 1, positions=3136) == "packed"
 
 
 @pytest.mark.parametrize(("xs", "m", "dtype"), [
