@@ -5,11 +5,13 @@ profiler adds several microseconds to every node (SqueezeNet's export: its node 
 run). Neither says where two whole runs part. This times prefixes of both: the first ``k`` kernels
 of the default program (its own kernel calls in program order, over its own buffers) against the
 model cut after the same value (``onnx.utils.extract_model``: every node that value needs), for each
-stage boundary ``k`` (a kernel whose group ends in a Concat, a pool, a Conv whose output is an ONNX
-value, or the last kernel), all in interleaved rounds (``fusiontune.measure.time_interleaved``). The
-difference between successive prefixes is a stage's cost in context: its inputs left in cache by the
-stage before, and onnxruntime keeping its NCHWc layout inside the cut (each cut model converts back
-to NCHW once at its end, which is part of its prefix and drops out of the differences).
+stage boundary ``k`` (the first kernel, a kernel whose group ends in a Concat or a pool, and the
+last kernel, where that group's output is an ONNX value), all in interleaved rounds
+(``fusiontune.measure.time_interleaved``). The difference between successive prefixes is a stage's
+cost in context: its inputs left in cache by the stage before, and onnxruntime keeping its NCHWc
+layout inside the cut. Each cut model converts back to NCHW once at its end, at a cost that follows
+the size of the value cut after, so an onnxruntime stage that shrinks its output (a pool) can read
+below zero; the running gap is the figure to read.
 
     NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/ort_stages.py \\
         search_spaces/models/real/squeezenet1_1.torchscript.onnx [--rounds 9] [--every]
