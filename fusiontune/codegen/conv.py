@@ -598,7 +598,8 @@ def generate_conv_kernel(
         name: the function name.
         schedule: ``conv_algo`` (:data:`CONV_ALGOS`), ``conv_rows`` (output rows per block, 0:
             each algorithm's own sizing) and ``conv_orient`` ("rows" | "lanes": the packed
-            kernel's layout, else :func:`plan_packed` decides).
+            kernel's layout, else :func:`plan_packed` decides), ``conv_block`` (its register block,
+            ``"<mr>x<nv>"``; a benchmark's hint, no split point).
         approx: the epilogue's transcendentals as numerics.py's approximations.
 
     Raises:
@@ -733,7 +734,7 @@ def generate_conv_kernel(
         lines += _shifted_body(win, group, CG, MG, min(rows, win.oh), wp, dtype, ax, aw, body, parallel)
         imports = ["from fusiontune.codegen.blas import gemm_at32, gemm_at64"]
     elif algo == "packed":
-        plan = plan_packed(win, MG, dtype, schedule.get("conv_orient"), CG)
+        plan = plan_packed(win, MG, dtype, schedule.get("conv_orient"), CG, schedule.get("conv_block"))
         uk = plan.uk
         geo = packed_geometry(win, max(uk.mr, uk.nr))
         rows = int(schedule.get("conv_rows", 0)) or _packed_rows(win, geo, CG, MG, group, np.dtype(dtype).itemsize, parallel)
@@ -1477,12 +1478,27 @@ ROWS_STRIDED_COST_16_REGISTERS = 1.16
 """See :data:`LANES_EPILOGUE_16_REGISTERS`."""
 
 
-def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg: int | None = None) -> PackedPlan:
+def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg: int | None = None,
+                block: str | None = None) -> PackedPlan:
     """The orientation (``orient``, or either) and register block with the least predicted time:
     padded work (channels rounded up to the channel block, positions to the position block) over
     the block's measured efficiency (:func:`microkernel.efficiency`), times :data:`LANES_COST` or
     :data:`ROWS_STRIDED_COST` (on AVX2, :data:`LANES_EPILOGUE_16_REGISTERS` and
-    :data:`ROWS_STRIDED_COST_16_REGISTERS`). ``cg``: input channels per group (default all)."""
+    :data:`ROWS_STRIDED_COST_16_REGISTERS`). ``cg``: input channels per group (default all).
+    ``block``: only this register block, ``"<mr>x<nv>"`` (the ``conv_block`` schedule hint that
+    benchmarks/bench_blocks.py forces each block with).
+
+    Raises:
+        ValueError: ``block`` is not one of :func:`microkernel.blocks` on this CPU.
+    """
+    allowed = microkernel.blocks()
+    if block is not None:
+        mr_s, _, nv_s = str(block).partition("x")
+        want = (int(mr_s), int(nv_s)) if mr_s.isdigit() and nv_s.isdigit() else None
+        if want not in allowed:
+            raise ValueError(f"conv_block {block!r}: not a register block of this CPU "
+                             f"({', '.join(f'{m}x{v}' for m, v in allowed)})")
+        allowed = (want,)
     wp = packed_geometry(win, 0).wp
     strided = (win.sh, win.sw) != (1, 1)
     if microkernel.VECTOR_BITS >= 512:
@@ -1492,7 +1508,7 @@ def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg:
         lanes_cost = 1.0 + LANES_EPILOGUE_16_REGISTERS / max(k, LANES_EPILOGUE_MIN_K)
         rows_strided = ROWS_STRIDED_COST_16_REGISTERS
     best: tuple[float, PackedPlan] | None = None
-    for mr, nv in microkernel.blocks():
+    for mr, nv in allowed:
         uk = microkernel.Shape(dtype, mr, nv)
         eff = microkernel.efficiency(mr, nv)
         lanes = (-(-mg // uk.nr) * uk.nr / mg) * (-(-win.ow // mr) * mr / win.ow) / eff * lanes_cost

@@ -191,6 +191,8 @@ def test_conv_epilogue_reads_the_conv_input_and_a_per_channel_scale() -> None:
     ((2, 6, 4, 4), (10, 6, 1, 1), 1, True, {"conv_algo": "packed", "conv_rows": 6}),  # whole planes: one loop
     ((2, 6, 9, 9), (10, 3, 3, 3), 2, True, {"conv_algo": "packed", "conv_rows": 2}),  # one a channel
     ((2, 6, 9, 9), (10, 6, 3, 3), 1, True, {"conv_algo": "packed", "conv_orient": "lanes", "conv_rows": 4}),
+    # a register block forced (benchmarks/bench_blocks.py): 3 of the 10 channels a block, 4 blocks
+    ((2, 6, 9, 9), (10, 6, 3, 3), 1, True, {"conv_algo": "packed", "conv_orient": "rows", "conv_block": "3x2"}),
     ((3, 8, 7, 7), (8, 1, 3, 3), 8, True, {"conv_algo": "plane"}),  # tasks of whole (image, group) planes
     ((1, 6, 8, 8), (12, 2, 3, 3), 3, True, {"conv_algo": "plane"}),  # 4 output channels a group
     ((1, 40, 4, 4), (40, 1, 3, 3), 40, True, {"conv_algo": "chan"}),  # two runs of 20 channels

@@ -98,6 +98,19 @@ def test_plan_packed_depthwise_takes_rows_and_few_positions_take_lanes() -> None
     assert plan_packed(_window(512, 2, 3, 1), 512, "float32", "rows").orient == "rows"
 
 
+def test_plan_packed_takes_a_forced_block_and_names_the_allowed_ones() -> None:
+    """``block`` (the ``conv_block`` schedule hint) leaves the rule only that register block, in
+    the layout it asks for or the one the rule prefers; a block this CPU does not hold is an
+    error that lists the ones it does."""
+    win = _window(64, 56, 3, 1)
+    for orient in ("rows", "lanes", None):
+        plan = plan_packed(win, 64, "float32", orient, block="3x2")
+        assert (plan.uk.mr, plan.uk.nv) == (3, 2) and plan.orient in ((orient,) if orient else ("rows", "lanes"))
+    for bad in ("40x1", "6by2", "x2"):
+        with pytest.raises(ValueError, match=r"conv_block .*: not a register block of this CPU \(.*6x2"):
+            plan_packed(win, 64, "float32", block=bad)
+
+
 def test_sixteen_registers_rank_blocks_by_loads_and_latency(monkeypatch: pytest.MonkeyPatch) -> None:
     """With AVX2's 16 registers a block is bound by its FMAs, its loads (one vector per column
     vector, one broadcast per row) or the accumulators' latency: 6x2, 5x2 and 4x3 reach the peak, 14x1
