@@ -74,16 +74,15 @@ def conv_graph(key: tuple) -> Graph:
     return g.build()
 
 
-def window(key: tuple) -> Window:
-    x, w, strides, pads, dil, _ = key
-    attrs = {"strides": strides, "pads": pads, "dilations": dil}
-    oh = (x[2] + pads[0] + pads[2] - dil[0] * (w[2] - 1) - 1) // strides[0] + 1
-    ow = (x[3] + pads[1] + pads[3] - dil[1] * (w[3] - 1) - 1) // strides[1] + 1
-    return window_of(attrs, x, w[2:], (x[0], w[0], oh, ow))
+def window(graph: Graph) -> Window:
+    """The window of ``graph``'s conv, its output shape from the graph's shape inference."""
+    conv = next(n for n in graph.nodes if n.op == "Conv")
+    attrs = {**get_op("Conv").attrs, **conv.attrs}
+    x, w, y = (graph.values[v].shape for v in (conv.inputs[0], conv.inputs[1], conv.outputs[0]))
+    return window_of(attrs, x, w[2:], y)
 
 
-def runs_packed(key: tuple) -> bool:
-    win = window(key)
+def runs_packed(key: tuple, win: Window) -> bool:
     w = key[1]
     return choose_conv_algo(w[1], w[0], w[2], w[3], 1, win.oh * win.ow, strided=(win.sh, win.sw) != (1, 1),
                             padded=any((win.ph, win.pw, win.pe_h, win.pe_w))) == "packed"
@@ -127,12 +126,11 @@ def model_shapes(folder: Path, match: list[str]) -> list[tuple]:
     return list(keys)
 
 
-def forced(graph: Graph, orient: str, block: str) -> FusedGraph:
-    """The defaults' program (the Relu in the conv's epilogue), its conv group's layout and
-    register block forced."""
-    fused = run_pipeline(graph, FusionConfig.defaults()).fused
+def forced(fused: FusedGraph, orient: str, block: str) -> FusedGraph:
+    """``fused`` (the defaults' program: the Relu in the conv's epilogue) with its conv group's
+    layout and register block forced."""
     groups = list(fused.groups)
-    conv = next(i for i, grp in enumerate(groups) if any(graph.node(n).op == "Conv" for n in grp.nodes))
+    conv = next(i for i, grp in enumerate(groups) if any(fused.graph.node(n).op == "Conv" for n in grp.nodes))
     sched = {**groups[conv].schedule, "conv_algo": "packed", "conv_orient": orient, "conv_block": block}
     groups[conv] = replace(groups[conv], schedule=sched)
     return fused.with_groups(groups)
@@ -156,7 +154,9 @@ def main() -> None:
     keys = [] if args.no_bench_shapes else bench_shapes()
     if args.models:
         keys += [k for k in model_shapes(args.models, args.match) if k not in keys]
-    keys = [k for k in keys if runs_packed(k)]
+    graphs = {k: conv_graph(k) for k in keys}
+    wins = {k: window(g) for k, g in graphs.items()}
+    keys = [k for k in keys if runs_packed(k, wins[k])]
     print(f"machine: {machine_info()['cpu_model']}, {microkernel.VECTOR_BITS}-bit vectors, "
           f"threads {numba.config.NUMBA_NUM_THREADS}; {len(keys)} dense packed convs, {len(blocks)} blocks x 2 layouts, "
           f"{args.rounds} interleaved rounds")
@@ -164,11 +164,11 @@ def main() -> None:
     record = []
     shares = []
     for key in keys:
-        graph = conv_graph(key)
-        win = window(key)
+        graph, win = graphs[key], wins[key]
         x = np.random.default_rng(1).standard_normal(key[0]).astype(F32)
         plans = [(o, b) for o in ("rows", "lanes") for b in blocks]
-        progs = {p: build_program(forced(graph, *p)) for p in plans}
+        fused = run_pipeline(graph, FusionConfig.defaults()).fused
+        progs = {p: build_program(forced(fused, *p)) for p in plans}
         want = progs[plans[0]].run({"x": x})[graph.outputs[0]].copy()
         for p in plans[1:]:
             got = progs[p].run({"x": x})[graph.outputs[0]]
