@@ -1474,8 +1474,23 @@ their best: there ``rows`` computes a whole vector of grid positions for 1 to 9)
 (13x1 and 14x1 first) about 0.86 (of the blocks measured for it), 0.37 at worst."""
 LANES_EPILOGUE_MIN_K = 160
 """See :data:`LANES_EPILOGUE_16_REGISTERS`: the lanes layout costs at most 1.2 times its work."""
-ROWS_STRIDED_COST_16_REGISTERS = 1.16
-"""See :data:`LANES_EPILOGUE_16_REGISTERS`."""
+ROWS_STRIDED_COST_16_REGISTERS = 1.08
+"""See :data:`LANES_EPILOGUE_16_REGISTERS` and :data:`ROWS_EPILOGUE_16_REGISTERS` (1.16 before
+the per-row cost was added; 1.08 fits best with it, as on AVX-512)."""
+ROWS_EPILOGUE_16_REGISTERS = 4.0
+"""On a CPU of 16 vector registers (AVX2), the ``rows`` layout costs ``1 + this / ow`` times its
+padded work: its epilogue copies every output row out of the block, channel by channel, a loop of
+``ow`` positions whose scalar tail and setup weigh most on narrow planes (1x1 convs of 3x3 and 4x4
+outputs, SqueezeNet's 3x3 convs at 7x7 and 15x15). Refitted with the other AVX2 constants to
+``benchmarks/bench_blocks.py``'s times (an AMD EPYC (Zen 3) VM, one thread, 5 interleaved rounds,
+2026-12-07): bench_conv.py's ten dense shapes and the 133 distinct dense convs of the 14
+TorchScript exports, 12 register blocks (6x2, 5x2, 4x3, 3x3, 3x2, 2x3, 2x4, 4x2, 10x1, 11x1, 12x1,
+14x1) in both layouts, and SqueezeNet's 13 again with all 21 blocks. Without it the rule picked
+within 0.945 of each shape's best plan in geometric mean (29 of 156 below 0.9, 0.56 at worst: 1x1
+24->144 @4, rows 6x2 where lanes 4x3 ran 1.8x faster); with it and strided rows at 1.08, 0.988 (3
+below 0.9, 0.71 at worst). It changes 77 of the 143 picks; the 3-channel stems (7x7 s2, 3x3 s2,
+4x4 s4) keep theirs, and the 8x8 s8 patch conv moves to its fastest plan measured (lanes 4x3). With
+strided rows at 1.16, R = 4 scored 0.983, R = 6 0.979, R = 8 0.968."""
 
 
 def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg: int | None = None,
@@ -1483,8 +1498,8 @@ def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg:
     """The orientation (``orient``, or either) and register block with the least predicted time:
     padded work (channels rounded up to the channel block, positions to the position block) over
     the block's measured efficiency (:func:`microkernel.efficiency`), times :data:`LANES_COST` or
-    :data:`ROWS_STRIDED_COST` (on AVX2, :data:`LANES_EPILOGUE_16_REGISTERS` and
-    :data:`ROWS_STRIDED_COST_16_REGISTERS`). ``cg``: input channels per group (default all).
+    :data:`ROWS_STRIDED_COST` (on AVX2, :data:`LANES_EPILOGUE_16_REGISTERS`,
+    :data:`ROWS_STRIDED_COST_16_REGISTERS` and :data:`ROWS_EPILOGUE_16_REGISTERS`). ``cg``: input channels per group (default all).
     ``block``: only this register block, ``"<mr>x<nv>"`` (the ``conv_block`` schedule hint that
     benchmarks/bench_blocks.py forces each block with).
 
@@ -1502,11 +1517,12 @@ def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg:
     wp = packed_geometry(win, 0).wp
     strided = (win.sh, win.sw) != (1, 1)
     if microkernel.VECTOR_BITS >= 512:
-        lanes_cost, rows_strided = LANES_COST, ROWS_STRIDED_COST
+        lanes_cost, rows_strided, rows_cost = LANES_COST, ROWS_STRIDED_COST, 1.0
     else:
         k = (win.c if cg is None else cg) * win.kh * win.kw
         lanes_cost = 1.0 + LANES_EPILOGUE_16_REGISTERS / max(k, LANES_EPILOGUE_MIN_K)
         rows_strided = ROWS_STRIDED_COST_16_REGISTERS
+        rows_cost = 1.0 + ROWS_EPILOGUE_16_REGISTERS / win.ow
     best: tuple[float, PackedPlan] | None = None
     for mr, nv in allowed:
         uk = microkernel.Shape(dtype, mr, nv)
@@ -1514,7 +1530,7 @@ def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg:
         lanes = (-(-mg // uk.nr) * uk.nr / mg) * (-(-win.ow // mr) * mr / win.ow) / eff * lanes_cost
         grid = win.oh * wp
         rows = (-(-mg // mr) * mr / mg) * (-(-grid // uk.nr) * uk.nr / (win.oh * win.ow)) / eff
-        rows *= rows_strided if strided else 1.0
+        rows *= (rows_strided if strided else 1.0) * rows_cost
         for cost, o in ((lanes, "lanes"), (rows, "rows")):
             if orient in (None, o) and (best is None or cost < best[0] - 1e-9):
                 best = (cost, PackedPlan(o, uk))

@@ -126,6 +126,21 @@ def test_sixteen_registers_rank_blocks_by_loads_and_latency(monkeypatch: pytest.
         assert plan.uk.vw == 8 and plan.uk.mr * plan.uk.nv == 12, plan
 
 
+def test_sixteen_registers_narrow_planes_take_lanes_and_stems_keep_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With AVX2's 16 registers the rows layout pays a per-row epilogue (``1 + 4 / ow``): on
+    narrow planes the channel-lanes layout wins (measured on a Zen 3 core: 1x1 24->144 @4, rows
+    6x2 13.2 us against lanes 4x3 7.4; SqueezeNet's 3x3 4->16 @15, rows 4x3 15.5 against lanes 5x2
+    12.2), while the 3-channel stems, whose lanes epilogue is paid on a short reduction, keep
+    rows."""
+    monkeypatch.setattr(microkernel, "VECTOR_BITS", 256)
+    narrow_1x1 = Window(2, 24, 4, 4, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1)
+    assert plan_packed(narrow_1x1, 144, "float32").orient == "lanes"
+    assert plan_packed(Window(2, 4, 15, 15, 15, 15, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), 16, "float32").orient == "lanes"
+    assert plan_packed(_window(3, 224, 7, 2), 64, "float32").orient == "rows"
+    squeezenet_stem = Window(2, 3, 64, 64, 31, 31, 3, 3, 2, 2, 0, 0, 0, 0, 1, 1)
+    assert plan_packed(squeezenet_stem, 16, "float32").orient == "rows"
+
+
 def test_thirty_two_registers_keep_the_fitted_formula(monkeypatch: pytest.MonkeyPatch) -> None:
     """With AVX-512 the measured formula of Sapphire Rapids ranks blocks by accumulators (one row
     load-bound) and the plan takes 16 lanes, whatever CPU runs the test."""
