@@ -1490,7 +1490,8 @@ within 0.945 of each shape's best plan in geometric mean (29 of 156 below 0.9, 0
 24->144 @4, rows 6x2 where lanes 4x3 ran 1.8x faster); with it and strided rows at 1.08, 0.988 (3
 below 0.9, 0.71 at worst). It changes 77 of the 143 picks; the 3-channel stems (7x7 s2, 3x3 s2,
 4x4 s4) keep theirs, and the 8x8 s8 patch conv moves to its fastest plan measured (lanes 4x3). With
-strided rows at 1.16, R = 4 scored 0.983, R = 6 0.979, R = 8 0.968."""
+strided rows at 1.16, R = 4 scored 0.983, R = 6 0.979, R = 8 0.968. ``benchmarks/fit_blocks.py``
+scores the rule and grids these constants from bench_blocks.py's JSON."""
 
 
 def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg: int | None = None,
