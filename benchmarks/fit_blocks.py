@@ -51,8 +51,8 @@ def patched(vector_bits: int, blocks: list[tuple[int, int]], constants: dict[str
     saved = {name: getattr(conv, name) for name in constants}
     bits, allowed = microkernel.VECTOR_BITS, microkernel.blocks
     microkernel.VECTOR_BITS = vector_bits
-    order = allowed()
-    narrowed = tuple(b for b in order if b in set(blocks))
+    timed = set(blocks)
+    narrowed = tuple(b for b in allowed() if b in timed)
     microkernel.blocks = lambda: narrowed  # type: ignore[assignment]
     for name, value in constants.items():
         setattr(conv, name, value)

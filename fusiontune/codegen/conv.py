@@ -1500,7 +1500,8 @@ def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg:
     padded work (channels rounded up to the channel block, positions to the position block) over
     the block's measured efficiency (:func:`microkernel.efficiency`), times :data:`LANES_COST` or
     :data:`ROWS_STRIDED_COST` (on AVX2, :data:`LANES_EPILOGUE_16_REGISTERS`,
-    :data:`ROWS_STRIDED_COST_16_REGISTERS` and :data:`ROWS_EPILOGUE_16_REGISTERS`). ``cg``: input channels per group (default all).
+    :data:`ROWS_STRIDED_COST_16_REGISTERS` and :data:`ROWS_EPILOGUE_16_REGISTERS`). ``cg``: input
+    channels per group (default all).
     ``block``: only this register block, ``"<mr>x<nv>"`` (the ``conv_block`` schedule hint that
     benchmarks/bench_blocks.py forces each block with).
 
@@ -1518,20 +1519,19 @@ def plan_packed(win: Window, mg: int, dtype: str, orient: str | None = None, cg:
     wp = packed_geometry(win, 0).wp
     strided = (win.sh, win.sw) != (1, 1)
     if microkernel.VECTOR_BITS >= 512:
-        lanes_cost, rows_strided, rows_cost = LANES_COST, ROWS_STRIDED_COST, 1.0
+        lanes_cost = LANES_COST
+        rows_cost = ROWS_STRIDED_COST if strided else 1.0
     else:
         k = (win.c if cg is None else cg) * win.kh * win.kw
         lanes_cost = 1.0 + LANES_EPILOGUE_16_REGISTERS / max(k, LANES_EPILOGUE_MIN_K)
-        rows_strided = ROWS_STRIDED_COST_16_REGISTERS
-        rows_cost = 1.0 + ROWS_EPILOGUE_16_REGISTERS / win.ow
+        rows_cost = (ROWS_STRIDED_COST_16_REGISTERS if strided else 1.0) * (1.0 + ROWS_EPILOGUE_16_REGISTERS / win.ow)
     best: tuple[float, PackedPlan] | None = None
     for mr, nv in allowed:
         uk = microkernel.Shape(dtype, mr, nv)
         eff = microkernel.efficiency(mr, nv)
         lanes = (-(-mg // uk.nr) * uk.nr / mg) * (-(-win.ow // mr) * mr / win.ow) / eff * lanes_cost
         grid = win.oh * wp
-        rows = (-(-mg // mr) * mr / mg) * (-(-grid // uk.nr) * uk.nr / (win.oh * win.ow)) / eff
-        rows *= (rows_strided if strided else 1.0) * rows_cost
+        rows = (-(-mg // mr) * mr / mg) * (-(-grid // uk.nr) * uk.nr / (win.oh * win.ow)) / eff * rows_cost
         for cost, o in ((lanes, "lanes"), (rows, "rows")):
             if orient in (None, o) and (best is None or cost < best[0] - 1e-9):
                 best = (cost, PackedPlan(o, uk))
