@@ -77,7 +77,14 @@ def max_pool_algo(win: Window) -> str:
     phase): 3x3 s2 pad 1 2x64 @32 31.8 / 53.6 / 23.0 and 64 @112 216.3 / 145.8 / 104.5; without
     pads, 3x3 s2 ceil_mode 2x64 @31 28.9 / 44.6 / 28.6, 2x128 @15 12.7 / 36.0 / 20.6, 2x256 @7
     5.2 / 25.1 / 13.8, 2x2 s2 64 @64 48.6 / 17.7 / 38.8: where the windows can read the input in
-    place, a copy into phase planes costs more than it saves."""
+    place, a copy into phase planes costs more than it saves.
+
+    Tried and not kept (2026-12-07, Zen 3, AVX2, one thread): a plane at a time in LLVM IR, each
+    output row in masked vectors, the window's taps unrolled as masked loads of the input rows
+    (-inf in the lanes outside them), stride 2 as the even lanes of two loads. Nothing is computed
+    that is not an output, yet every tap of every output vector is two masked loads, a blend and
+    a cross-lane shuffle: 1.6x to 3.3x slower than the kernel this rule picks on every MaxPool of
+    ``bench_conv.py --only pools`` (SqueezeNet's export 2x16 @31 25.5 against flat's 13.7 us)."""
     if phase_applies(win) and not _inside(win):
         return "phase"
     return "row" if win.wp >= POOL_FLAT_MAX_WIDTH else "flat"
