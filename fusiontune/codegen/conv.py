@@ -373,7 +373,17 @@ outputs: im2col 0.94x-2.12x on ten stride-1 shapes (1.41x in geometric mean; 1x1
 2.12x, 128->512 @28 1.69x, 256->64 @56 0.94x) and 1.28x-1.37x on three stride-2 ones; ``shifted``
 (the GEMM read in place) 0.99x-2.03x at stride 1 (1.38x). Two threads: im2col 1.18x-1.72x on six
 of them, shifted 1.05x-1.57x. Below 14x14 the packed kernel wins: @13 0.76x, @8 0.82x, @4 0.78x,
-@7 0.75x-1.01x (1x1 512->2048, 2048->512 and 576->96), s2 512->1024 @14 (7x7 outputs) 0.85x."""
+@7 0.75x-1.01x (1x1 512->2048, 2048->512 and 576->96), s2 512->1024 @14 (7x7 outputs) 0.85x.
+
+At stride 1 ``shifted`` runs them since 2026-12-07: measured again the same way (the conv with its
+bias and Relu, 9 interleaved rounds, batch 1 but ``n2``), im2col time / shifted time, one thread /
+two: 1x1 64->256 @56 1.060 / 1.001, 256->64 @56 1.164 / 1.316, 128->512 @28 1.009 / 0.994, 512->128
+@28 1.189 / 1.180, 256->1024 @14 0.978 / 0.956, 1024->256 @14 0.998 / 1.008, 24->144 @28 n2 0.981 /
+0.987, 64->256 @56 n2 1.038 / 1.083: 1.05x and 1.06x in geometric mean, at worst 0.96x. im2col
+copies each block's patch matrix (for a 1x1 conv, the input block itself) before its GEMM,
+shifted hands BLAS the input in place: the copy weighs most where the reduction is long against
+the output channels (up to 1.32x). In the corpus only DenseNet-121's five 1x1 convs without a
+prologue change (``benchmarks/ab_revision.py``, 21 rounds: 1.013x and 0.996x, the same outputs)."""
 
 
 def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
@@ -391,7 +401,8 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
     fewer than :data:`DIRECT_MAX_POSITIONS` output positions; else ``plane``, at any stride,
     kernel and plane size. The 1x1 one (not ``strided``, not ``padded``, no ``prologue``)
     runs ``axpy`` (:data:`AXPY_MAX_K`); on AVX2, one of :data:`BLAS_1X1_MIN_POSITIONS` outputs or
-    more (not ``padded``, no ``prologue``) runs ``im2col``."""
+    more (not ``padded``, no ``prologue``) runs on BLAS: ``shifted`` (the input read in place),
+    ``im2col`` when ``strided``."""
     if group > 1 and cg * kh * kw < DIRECT_MAX_K:
         least = CHAN_MIN_STRIDED_POSITIONS if strided else CHAN_MIN_POSITIONS
         wide = kh * kw >= CHAN_WIDE_TAPS and group >= CHAN_WIDE_MIN_CHANNELS
@@ -407,7 +418,7 @@ def choose_conv_algo(cg: int, mg: int, kh: int, kw: int, group: int = 1,
         return "axpy"
     if (microkernel.VECTOR_BITS < 512 and kh == kw == 1 and group == 1 and not padded and not prologue
             and positions >= BLAS_1X1_MIN_POSITIONS):
-        return "im2col"
+        return "im2col" if strided else "shifted"
     return "packed"
 
 

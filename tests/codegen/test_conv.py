@@ -358,12 +358,12 @@ def test_conv_algo_rule_axpy_for_1x1_convs_with_a_short_reduction(monkeypatch: p
 
 
 def test_conv_algo_rule_blas_for_large_1x1_convs_with_16_registers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On AVX2, 1x1 convs of 14x14 outputs or more run on BLAS, at any stride; smaller ones,
-    padded ones and prologues stay packed, short reductions axpy. With AVX-512 they all stay
-    packed."""
+    """On AVX2, 1x1 convs of 14x14 outputs or more run on BLAS, at any stride (reading the input
+    in place at stride 1); smaller ones, padded ones and prologues stay packed, short reductions
+    axpy. With AVX-512 they all stay packed."""
     monkeypatch.setattr(microkernel, "VECTOR_BITS", 256)
-    assert choose_conv_algo(64, 256, 1, 1, positions=3136) == "im2col"
-    assert choose_conv_algo(24, 144, 1, 1, positions=784) == "im2col"
+    assert choose_conv_algo(64, 256, 1, 1, positions=3136) == "shifted"
+    assert choose_conv_algo(24, 144, 1, 1, positions=784) == "shifted"
     assert choose_conv_algo(256, 512, 1, 1, positions=784, strided=True) == "im2col"
     assert choose_conv_algo(576, 96, 1, 1, positions=49) == "packed"
     assert choose_conv_algo(64, 256, 1, 1, positions=3136, padded=True) == "packed"
