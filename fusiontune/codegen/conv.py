@@ -78,7 +78,8 @@ Shifted wins every stride-1 conv with more than a few dozen output positions (1.
 im2col): it copies the input once instead of kh*kw times, and its GEMMs over ~512 positions run
 at 90-135 GFLOP/s where OpenBLAS reaches ~70-100 on im2col's longer, thinner blocks. It loses at
 3x3 512->512 @7 (49 positions: the 2.4M-element weight reorder and 63-column GEMMs) and is even
-with im2col on 1x1 convs (no patch copy either way). im2col wins every strided dense conv; direct
+with im2col on 1x1 convs in that table (im2col copies a 1x1 conv's input block too; measured
+again on AVX2 in 2026-12, shifted is faster: :data:`BLAS_1X1_MIN_POSITIONS`). im2col wins every strided dense conv; direct
 wins every depthwise conv (1.5x to 2.7x over the next): there the GEMM is a (1 x 9) by (9 x P)
 product, so the BLAS calls cost more than the arithmetic.
 
