@@ -37,12 +37,20 @@ run: $(STAMP)
 ## numba compiling kernels) on two pytest workers sharing the kernel cache (a test file to a
 ## worker, an idle one taking the other's pending tests); then, one test at a time, the rest, which
 ## time programs, start Ray clusters, PostgreSQL servers and competing processes, and must have
-## the machine to themselves. The sampler's planted sweeps and the report's planted effects are
-## arithmetic on simulated runtimes (2.5 minutes of it), so they run with the first.
-COMPUTE_TESTS := tests/onnx tests/codegen tests/ir tests/passes tests/workloads tests/config tests/test_properties.py \
-                 tests/tune/test_fusion_sampler.py tests/report/test_effects.py
+## the machine to themselves. With the first run go what checks results and exit codes but never
+## a time: the sampler's planted sweeps and the report's planted effects (arithmetic on simulated
+## runtimes), the report from hand-made trials, racing on a job that prints its runtime, bisect
+## and a training sweep in process, and the README's commands in a fresh clone (7 minutes, listed
+## first so that a worker starts them at once). The two workers are the first run's parallelism:
+## each builds its cold kernels in its own process (FUSIONTUNE_COMPILE_JOBS=1), not in a compile
+## process per core beside the other worker's.
+COMPUTE_TESTS := tests/readme/test_readme.py \
+                 tests/onnx tests/codegen tests/ir tests/passes tests/workloads tests/config tests/test_properties.py \
+                 tests/tune/test_fusion_sampler.py tests/report/test_effects.py tests/report/test_report.py \
+                 tests/tune/test_racing.py tests/test_cli_bisect.py tests/test_cli_train.py \
+                 tests/benchmarks/test_bench_samplers_smoke.py
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not bench and not zoo" -n 2 --dist worksteal --durations=10 $(COMPUTE_TESTS)
+	FUSIONTUNE_COMPILE_JOBS=1 $(BIN)/python -m pytest -m "not bench and not zoo" -n 2 --dist worksteal --durations=10 $(COMPUTE_TESTS)
 	$(BIN)/python -m pytest -m "not bench and not zoo" --durations=20 $(addprefix --ignore=,$(COMPUTE_TESTS))
 
 ## The heaviest ONNX zoo models of the backend walk (minutes each from a cold kernel cache).

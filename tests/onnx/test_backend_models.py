@@ -4,6 +4,15 @@ Each case is a model with one data set (inputs and the expected outputs that the
 ships). A case is *unsupported* when the importer refuses it (an op or attribute it does not
 convert, a shape that depends on an input), *passed* when both the float64 interpreter and the
 registry-defaults program agree with the expected outputs, and *failed* otherwise, with the reason.
+
+Every kernel of this walk is compiled serial, as numba compiles it for a process pinned to one
+thread (``NUMBA_NUM_THREADS=1``): the walk checks what each op computes at the shapes the onnx
+package ships, which a ``prange`` does not change, and a parallel kernel costs numba about 3.4
+times the compile time of the same kernel serial (the light zoo's full-size CNNs were 114 of the
+suite's 276 parallel kernels, 324 s of its 1892 s of compiling). The parallel forms of the same
+conv, pool and layout kernels are checked on the real exports (test_real_exports.py), whose
+programs are built with every thread: numba's parallel lowering has lost stores that the serial
+form kept (tests/codegen/test_conv.py), so that check stays where the models are.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numba
 import numpy as np
 import onnx
 import pytest
@@ -45,6 +55,12 @@ class Outcome:
     name: str
     status: str  # passed | failed | unsupported | no_kernel
     reason: str = ""
+
+
+@pytest.fixture(autouse=True)
+def _serial_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel built in this module is serial (module docstring)."""
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 1)
 
 
 def _tensor(path: str) -> np.ndarray:
