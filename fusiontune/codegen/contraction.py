@@ -249,7 +249,8 @@ def generate_contraction_kernel(
                          (uk.nr, int(tb)))
         nmb = -(-N // uk.nr)
         args = [ArgSpec(packed.value, (nmb, K, uk.nr), dtype, "in") if x.value == b else x for x in args]
-        parallel = MM * N * K >= PACKED_PARALLEL_MACS
+        # a task per row chunk: one row (a GEMV) is one task, which runs serial
+        parallel = MM * N * K >= PACKED_PARALLEL_MACS and MM > 1
         lines = [decorator(args, parallel=parallel, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
         lines += _packed_lines(an[a], an[b], MM, N, K, uk, row_block, dtype, parallel)
         epilogue("                ", "0", "r", "blk[r - q0, c]")
@@ -262,10 +263,6 @@ def generate_contraction_kernel(
         nbytes = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in args)
         flops = 2 * MM * N * K + MM * N * len(epi)
         return KernelSource(name, source, tuple(args), "contraction", nbytes, flops, (packed,))
-    lines = [decorator(args, parallel=parallel_rows, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
-    emit = lines.append
-    prange = "numba.prange" if parallel_rows else "range"
-
     # BLAS runs single-threaded inside numba's parallel loops (see runtime.threads): the product
     # is cut into row chunks, one per thread, or into the row blocks of the split point.
     if row_block and has_epilogue:
@@ -277,6 +274,10 @@ def generate_contraction_kernel(
         chunk = MM
     size = str(chunk)
     nblk = str(-(-MM // chunk))
+    parallel_rows = parallel_rows and BC * int(nblk) > 1  # one task (a GEMV): serial
+    lines = [decorator(args, parallel=parallel_rows, reassoc=False), f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}):"]
+    emit = lines.append
+    prange = "numba.prange" if parallel_rows else "range"
     if not (row_block and has_epilogue) and acc_buf is None:
         emit(f"    scratch = np.empty(({BC}, {MM}, {N}), dtype=np.{dtype})")
         acc_buf = "scratch"

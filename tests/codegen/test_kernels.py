@@ -441,3 +441,41 @@ def test_no_kernel_is_compiled_parallel_where_numba_runs_one_thread(monkeypatch:
     inputs = random_inputs(graph, seed=0)
     out = graph.outputs[0]
     np.testing.assert_allclose(prog.run(inputs)[out], run_graph(graph, inputs)[out], rtol=1e-6)
+
+
+def _one_task_graphs(batch: int) -> dict[str, Graph]:
+    """Kernels above the parallel threshold whose parallel loop runs over ``batch`` iterations."""
+    graphs = {}
+    b = GraphBuilder("concat")
+    b.output(b.concat([b.input("x", (batch, 32, 32, 32)), b.input("y", (batch, 32, 32, 32))], axis=1))
+    graphs["Concat"] = b.build()
+    b = GraphBuilder("transpose")
+    b.output(b.transpose(b.input("x", (batch, 64, 32, 32)), (0, 2, 3, 1)))
+    graphs["Transpose"] = b.build()
+    b = GraphBuilder("gather")  # 512 rows of each batch's table (at batch 1, an embedding lookup)
+    rows = b.const(np.arange(512, dtype=np.int64)[::-1] % 100)
+    b.output(b.op("Gather", b.input("table", (batch, 100, 64)), rows, axis=1))
+    graphs["Gather"] = b.build()
+    b = GraphBuilder("gemv")  # the BLAS path cuts rows into one chunk per thread
+    b.output(b.relu(b.matmul(b.input("x", (batch, 512)), b.input("w", (512, 512)))))
+    graphs["MatMul"] = b.build()
+    return graphs
+
+
+@pytest.mark.parametrize("op", ["Concat", "Transpose", "Gather", "MatMul"])
+def test_a_parallel_loop_of_one_iteration_is_compiled_serial(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At batch 1 these kernels' parallel loops (over the batch, the indices before a Gather's
+    axis, the row chunks of a GEMV) have one iteration: they compile serial, and at batch 2
+    parallel. A parallel region of one task only adds its entry to every call, and numba about
+    3.4 times the compile time."""
+    import numba
+
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 2)
+    schedule = {"matmul_algo": "blas"} if op == "MatMul" else {}
+    for batch, flag in ((1, "parallel=False"), (2, "parallel=True")):
+        graph = _one_task_graphs(batch)[op]
+        names = [n.name for n in graph.nodes]
+        assert flag in kernel_source(graph, names, schedule).source, (batch, flag)
+    graph = _one_task_graphs(1)[op]
+    inputs = random_inputs(graph, seed=3)
+    assert_matches_interpreter(graph, run_fused(one_group(graph), inputs), inputs)
