@@ -86,6 +86,7 @@ FOCUS: dict[str, tuple[str, str | None]] = {
     "BatchMatmulReduceFusionPass": ("matmul", "batch_reduce"),
     "TbeMatmulElemwiseFusionPass": ("matmul", "relu"),
     "ReshapeRemovePass": ("layout", "Reshape"),
+    "ConvConcatFusionPass": ("conv", "concat"),
 }
 
 
@@ -395,6 +396,10 @@ class _Writer:
                      self.const((r, 1, 1), positive=True)]
                 x = g.relu(g.op("BatchNorm", x, *p))
         y = g.op("Conv", x, w, pads=(0, 1, 0, 1), group=group)
+        if kind == "concat":  # only when asked: a second conv beside it, both joined on the channels
+            w2 = self.const((r, r, 1, 1), scale=1.0 / np.sqrt(r))
+            cat = g.concat([y, g.op("Conv", x, w2, self.const((r,)))], axis=1)
+            y = g.op("Conv", cat, self.const((r, 2 * r, 1, 3), scale=1.0 / np.sqrt(6 * r)), pads=(0, 1, 0, 1))
         kind = self.pick(["bn", "bias", "relu", "residual"], kind)
         if kind == "bn" or self.draw(st.booleans()):
             p = [self.const((r, 1, 1), positive=True), self.const((r, 1, 1)), self.const((r, 1, 1)),

@@ -611,7 +611,10 @@ def generate_conv_kernel(
         schedule: ``conv_algo`` (:data:`CONV_ALGOS`), ``conv_rows`` (output rows per block, 0:
             each algorithm's own sizing) and ``conv_orient`` ("rows" | "lanes": the packed
             kernel's layout, else :func:`plan_packed` decides), ``conv_block`` (its register block,
-            ``"<mr>x<nv>"``; a benchmark's hint, no split point).
+            ``"<mr>x<nv>"``; a benchmark's hint, no split point); ``concat_into``,
+            ``concat_offset`` and ``concat_channels`` (ConvConcatFusionPass): the one output is
+            written as channels ``[offset, offset + M)`` of that Concat's ``(N, channels, ...)``
+            output, whose buffer is the kernel's output argument.
         approx: the epilogue's transcendentals as numerics.py's approximations.
 
     Raises:
@@ -665,6 +668,14 @@ def generate_conv_kernel(
     for o in outputs:
         if low.values[o].shape != oshape:
             raise NotFusable(f"output {o} is not of the Conv's shape")
+    # ConvConcatFusionPass: the one output is channels [off, off + M) of a Concat's output
+    into = schedule.get("concat_into")
+    if into is not None:
+        if len(outputs) != 1 or low.values[outputs[0]].dtype != dtype:
+            raise NotFusable("a conv writes into a Concat's output only as its one output, of its dtype")
+        into_off, into_m = int(schedule["concat_offset"]), int(schedule["concat_channels"])
+        if not 0 <= into_off <= into_off + M <= into_m:
+            raise NotFusable(f"channels {into_off}..{into_off + M} do not lie in the Concat's {into_m}")
     operands = {x, w} | ({bias} if bias else set()) | set(pro_views)
     ext = [v for v in inputs if v not in operands]
     operand_reads = [v for v in dict.fromkeys(conv.inputs) if any(v in n.inputs for n in epi)]
@@ -681,6 +692,9 @@ def generate_conv_kernel(
     args = [ArgSpec(v, views[v], low.values[v].dtype, "in") for v in inputs]
     args += [ArgSpec(v, views[epi_key[v]], low.values[v].dtype, "in") for v in operand_reads]
     args += [ArgSpec(v, views[v], low.values[v].dtype, "out") for v in outputs]
+    out_bytes = int(np.prod(views[outputs[0]])) * np.dtype(dtype).itemsize
+    if into is not None:
+        args[-1] = ArgSpec(into, (win.n, into_m, P), dtype, "out")
     keys = [*inputs, *(epi_key[v] for v in operand_reads), *outputs]
     an = {k: f"a{i}" for i, k in enumerate(keys)}
 
@@ -690,6 +704,8 @@ def generate_conv_kernel(
         # index 0 only along a broadcast dimension: a batch of one reads n (always 0) like any
         # other batch, so that its kernel is the other batches' kernel
         i = [v if d != 1 or f == 1 else "0" for v, d, f in zip("nmp", views[key], full, strict=True)]
+        if into is not None and key == outputs[0]:
+            i[1] = f"m + {into_off}"
         return f"{an[key]}[{', '.join(i)}]"
 
     # The epilogue, as statements over locals; `acc` holds the conv result element at (n, m, p).
@@ -718,7 +734,8 @@ def generate_conv_kernel(
         body.append(f"v{i} = {expr}")
     for o in outputs:
         body.append(f"{at(o)} = {var[o]}")
-    tail = _transcendental_tail(epi, y, low, outputs, var, body, at, dtype)
+    # The tail runs over the output's flat elements: not over another kernel's channels.
+    tail = None if into is not None else _transcendental_tail(epi, y, low, outputs, var, body, at, dtype)
 
     # A plane kernel runs a depthwise conv at 3 to 6 GMAC/s, against 100 and more for the dense
     # algorithms, so it pays for a parallel region at 8x fewer MACs. Measured with 2 threads,
@@ -795,6 +812,8 @@ def generate_conv_kernel(
     code = code.replace("IX(", "(" if any(_LIBM_CALL.search(b) for b in (*body, *fill.elem)) else "numba.uint64(")
     source = kernel_header(code, imports) + code
     nbytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in args)
+    if into is not None:  # it writes its own channels of the Concat's output, not all of them
+        nbytes += out_bytes - int(np.prod(args[-1].shape)) * np.dtype(dtype).itemsize
     flops = 2 * win.n * M * P * K + win.n * M * P * (len(epi) + (bias is not None))
     flops += win.n * win.c * win.h * win.w * len(pro)
     return KernelSource(name, source, tuple(args), "conv", nbytes, flops, derived, params)

@@ -234,6 +234,10 @@ PASSES: tuple[PassInfo, ...] = (
        split_points=(SplitPoint("rows", 0, 256, "output rows per im2col block; 0: sized to L2", (0, 1, 2, 4, 8)),
                      SplitPoint("algo", 0, 7, "0: codegen rule, 1: im2col + GEMM, 2: direct loop kernel, 3: shifted GEMMs, 4: packed micro-kernel, 5: padded-plane kernel (depthwise), 6: channels-last kernel (depthwise), 7: scaled-rows kernel (1x1, short reductions)", (0, 1, 2, 3, 4)),
                      SplitPoint("orient", 0, 2, "packed conv's vector lanes: 0 codegen rule, 1 over output positions, 2 over output channels", (0, 1, 2)))),
+    # Convs whose outputs a channel Concat joins write into its buffer; the Concat runs no kernel.
+    _p("ConvConcatFusionPass", ("conv_concat_fusion",), UB_FUSION, "split_post",
+       f"{_U}.conv_concat:conv_concat_fusion",
+       "the convs of a channel Concat write their channels into its output: no Concat kernel runs"),
     # A Reshape kernel of the final grouping runs as a view of its input's buffer (no copy).
     _p("ReshapeRemovePass", ("reshape_remove",), UB_FUSION, "split_post",
        f"{_U}.reshape_view:reshape_remove",

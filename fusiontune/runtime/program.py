@@ -14,6 +14,8 @@ moments change where they are, as an optimizer does, and the planned peak drops 
 Reshapes are views: a group that is one Reshape marked ``view`` in its schedule
 (ReshapeRemovePass) runs no kernel; its output is its input's buffer under the new shape (every
 buffer is C-contiguous), and that buffer lives as long as either is read (:func:`reshape_views`).
+A Concat marked ``concat_in_place`` (ConvConcatFusionPass) runs no kernel either: the kernels of
+its parts write them into its output's buffer, which the first of them allocates.
 """
 
 from __future__ import annotations
@@ -101,15 +103,22 @@ def reshape_views(fused: FusedGraph) -> dict[str, str]:
     return views
 
 
+def concat_in_place(group: Group) -> bool:
+    """Whether ``group`` is a Concat whose parts its producers wrote into its output
+    (ConvConcatFusionPass): it runs no kernel, and the value is written by those kernels."""
+    return bool(group.schedule.get("concat_in_place"))
+
+
 def _kernel_groups(
     fused: FusedGraph, sources: Sequence[KernelSource], views: Mapping[str, str]
 ) -> list[tuple[Group, KernelSource]]:
-    """The groups that run a kernel (all but the Reshape views), with their sources."""
+    """The groups that run a kernel (all but the Reshape views and the Concats written in
+    place), with their sources."""
     g = fused.graph
     return [
         (grp, src)
         for grp, src in zip(fused.groups, sources, strict=True)
-        if not (len(grp.nodes) == 1 and g.node(grp.nodes[0]).outputs[0] in views)
+        if not (len(grp.nodes) == 1 and g.node(grp.nodes[0]).outputs[0] in views) and not concat_in_place(grp)
     ]
 
 
@@ -232,7 +241,7 @@ def plan_buffers(fused: FusedGraph, sources: Sequence[KernelSource] | None = Non
     naive = 0
     for k, (_, ins, outs) in enumerate(kernels):
         for v in outs:
-            if v in pinned:
+            if v in pinned or v in slot_of:  # a Concat's output has a kernel per part
                 continue
             need = _round(g.values[v].nbytes)
             naive += need
