@@ -87,6 +87,8 @@ FOCUS: dict[str, tuple[str, str | None]] = {
     "TbeMatmulElemwiseFusionPass": ("matmul", "relu"),
     "ReshapeRemovePass": ("layout", "Reshape"),
     "ConvConcatFusionPass": ("conv", "concat"),
+    "ConvMaxPoolFusionPass": ("conv", "pool"),
+    "MaxPoolConcatSwapPass": ("conv", "pool_concat"),
 }
 
 
@@ -396,10 +398,16 @@ class _Writer:
                      self.const((r, 1, 1), positive=True)]
                 x = g.relu(g.op("BatchNorm", x, *p))
         y = g.op("Conv", x, w, pads=(0, 1, 0, 1), group=group)
-        if kind == "concat":  # only when asked: a second conv beside it, both joined on the channels
-            w2 = self.const((r, r, 1, 1), scale=1.0 / np.sqrt(r))
+        if kind == "pool":  # only when asked: a MaxPool on it (1x3, no pads), a conv restores the width
+            y = g.op("MaxPool", y, kernel_shape=(1, 3))
+            y = g.op("Conv", y, self.const((r, r, 1, 3), scale=1.0 / np.sqrt(3 * r)), pads=(0, 2, 0, 2))
+        if kind in ("concat", "pool_concat"):  # only when asked: a second conv beside it, joined on the
+            w2 = self.const((r, r, 1, 1), scale=1.0 / np.sqrt(r))  # channels (and pooled as "pool")
             cat = g.concat([y, g.op("Conv", x, w2, self.const((r,)))], axis=1)
-            y = g.op("Conv", cat, self.const((r, 2 * r, 1, 3), scale=1.0 / np.sqrt(6 * r)), pads=(0, 1, 0, 1))
+            pads = (0, 1, 0, 1)
+            if kind == "pool_concat":
+                cat, pads = g.op("MaxPool", cat, kernel_shape=(1, 3)), (0, 2, 0, 2)
+            y = g.op("Conv", cat, self.const((r, 2 * r, 1, 3), scale=1.0 / np.sqrt(6 * r)), pads=pads)
         kind = self.pick(["bn", "bias", "relu", "residual"], kind)
         if kind == "bn" or self.draw(st.booleans()):
             p = [self.const((r, 1, 1), positive=True), self.const((r, 1, 1)), self.const((r, 1, 1)),

@@ -472,13 +472,15 @@ def _epilogue_view(shape: Shape, out: Shape) -> tuple[int, int, int] | None:
     return (s[0], s[1], pv)
 
 
-def _find_conv(low: Lowered) -> tuple[Node, list[Node], list[Node]]:
-    """The group's Conv, its prologue (the nodes that compute its input) and its epilogue."""
-    convs = [n for n in low.nodes if n.op == "Conv"]
+def _find_conv(low: Lowered, pool: Node | None = None) -> tuple[Node, list[Node], list[Node]]:
+    """The group's Conv, its prologue (the nodes that compute its input) and its epilogue (but
+    ``pool``, the MaxPool that ends it: :func:`_find_pool`)."""
+    nodes = [n for n in low.nodes if n is not pool]
+    convs = [n for n in nodes if n.op == "Conv"]
     if len(convs) != 1:
         raise NotFusable("a conv kernel holds exactly one Conv")
     conv = convs[0]
-    producer = {o: n for n in low.nodes for o in n.outputs}
+    producer = {o: n for n in nodes for o in n.outputs}
     ahead: set[str] = set()  # names of the nodes the Conv's input is computed by
     todo = [conv.inputs[0]] if conv.inputs[0] in producer else []
     while todo:
@@ -486,9 +488,9 @@ def _find_conv(low: Lowered) -> tuple[Node, list[Node], list[Node]]:
         if node.name not in ahead:
             ahead.add(node.name)
             todo += [i for i in node.inputs if i in producer]
-    pro = [n for n in low.nodes if n.name in ahead]
-    epi = [n for n in low.nodes if n is not conv and n.name not in ahead]
-    produced = {o for n in low.nodes for o in n.outputs}
+    pro = [n for n in nodes if n.name in ahead]
+    epi = [n for n in nodes if n is not conv and n.name not in ahead]
+    produced = {o for n in nodes for o in n.outputs}
     if any(i in produced for i in conv.inputs[1:]):
         raise NotFusable("a conv kernel computes no weights or bias: they come from outside")
     for n in pro:
@@ -498,6 +500,84 @@ def _find_conv(low: Lowered) -> tuple[Node, list[Node], list[Node]]:
         if n.op not in SCALAR_RULES:
             raise NotFusable(f"{n.op} cannot be a Conv epilogue")
     return conv, pro, epi
+
+
+POOL_FUSED_MAX_BYTES = 256 * 1024
+"""A MaxPool joins its conv's kernel when the conv's output plane (all of a group's channels, the
+whole image: the pool's windows cross any block of rows) takes at most this many bytes, so that
+the block the pool reads is still in L2."""
+
+
+def _find_pool(low: Lowered, outputs: Sequence[str]) -> Node | None:
+    """The MaxPool that ends a conv kernel (ConvMaxPoolFusionPass), or None.
+
+    Raises:
+        NotFusable: another window op, more than one, or a MaxPool that is not the last node
+            (its output the kernel's one output, read by nothing in it, its input made in it).
+    """
+    pools = [n for n in low.nodes if n.op in ("MaxPool", "AveragePool")]
+    if not pools:
+        return None
+    if len(pools) > 1 or pools[0].op != "MaxPool":
+        raise NotFusable("a conv kernel ends with at most one MaxPool")
+    pool = pools[0]
+    if len(pool.outputs) != 1 or list(outputs) != [pool.outputs[0]]:
+        raise NotFusable("a conv kernel's MaxPool (no Indices output) makes its one output")
+    if any(pool.outputs[0] in n.inputs for n in low.nodes):
+        raise NotFusable("nothing in a conv kernel reads its MaxPool")
+    if not any(pool.inputs[0] in n.outputs for n in low.nodes if n is not pool):
+        raise NotFusable("a conv kernel's MaxPool reads what the kernel computes")
+    return pool
+
+
+def _pool_lines(win: Window, pw: Window, out: str, dtype: str, channel0: int = 0) -> list[str]:
+    """A packed ``lanes`` task's MaxPool over its block (``blk[position, channel]``: the whole
+    output plane of image ``n``, group ``g``, after the epilogue): per window, one loop over the
+    block's channels, each a straight-line max of the window's taps (literal offsets; the
+    compare-and-select tree with one NaN test of codegen/pool.py's ``_max_of``), contiguous, so
+    it vectorizes, into a block of pooled positions by channels; then each channel's plane is
+    stored as one run (from channel ``channel0`` on: a Concat's part, ConvConcatFusionPass).
+    The windows lie inside the plane (:func:`_pool_window`). One image of SqueezeNet's stem (16
+    channels @31, 3x3 s2), one thread: a loop over the taps with a running max, each
+    bounds-checked, 110 us; the taps written out, each window's channels stored at once to the
+    output's planes 5.1-6.0 us, into the block and then transposed 4.0-4.4 us."""
+    from fusiontune.codegen.pool import _max_of
+
+    taps = [f"blk[q + {a * pw.dh * win.ow + b * pw.dw}, mm]" for a in range(pw.kh) for b in range(pw.kw)]
+    return [
+        f"        pb = np.empty(({pw.oh * pw.ow}, k_ldc), dtype=np.{dtype})",
+        f"        for i in range({pw.oh}):",
+        f"            for j in range({pw.ow}):",
+        f"                q = {_ix(f'i * {pw.sh * win.ow} + j * {pw.sw}')}",
+        f"                o = {_ix(f'i * {pw.ow} + j')}",
+        "                for mm in range(k_mg):",
+        f"                    pb[o, mm] = {_max_of(taps, dtype)}",
+        "        for mm in range(k_mg):",
+        f"            for o in range({pw.oh * pw.ow}):",
+        f"                {out}[n, {channel0} + g * k_mg + mm, o] = pb[o, mm]",
+    ]
+
+
+POOL_FUSED_MAX_TAPS = 25
+"""A fused MaxPool's window is written out tap by tap: up to 5x5."""
+
+
+def _pool_window(low: Lowered, pool: Node, win: Window, oshape: Shape) -> Window:
+    """The fused MaxPool's window over the conv's output.
+
+    Raises:
+        NotFusable: a 1-D conv, a pool over another shape, a window that reads padding or
+            more than :data:`POOL_FUSED_MAX_TAPS` taps.
+    """
+    attrs = {**get_op("MaxPool").attrs, **pool.attrs}
+    if len(oshape) != 4 or tuple(low.values[pool.inputs[0]].shape) != tuple(oshape):
+        raise NotFusable("a fused MaxPool is 2-D, over the Conv's output")
+    pw = window_of(attrs, oshape, tuple(attrs["kernel_shape"]), low.values[pool.outputs[0]].shape)
+    if pw.hp != pw.h or pw.wp != pw.w:
+        raise NotFusable("a fused MaxPool's windows lie inside the conv's output (no pads, no ceil_mode overhang)")
+    if pw.kh * pw.kw > POOL_FUSED_MAX_TAPS:
+        raise NotFusable(f"a fused MaxPool has at most {POOL_FUSED_MAX_TAPS} taps")
+    return pw
 
 
 @dataclass(frozen=True)
@@ -623,7 +703,11 @@ def generate_conv_kernel(
         ValueError: an unknown ``conv_algo``.
     """
     schedule = schedule or {}
-    conv, pro, epi = _find_conv(low)
+    pool = _find_pool(low, outputs)
+    final = outputs[0]
+    if pool is not None:
+        outputs = [pool.inputs[0]]  # the epilogue's result, which the pool reads from the block
+    conv, pro, epi = _find_conv(low, pool)
     x, w = conv.inputs[0], conv.inputs[1]
     bias = conv.inputs[2] if len(conv.inputs) == 3 else None
     y = conv.outputs[0]
@@ -644,6 +728,15 @@ def generate_conv_kernel(
     shape_kw = {"strided": (win.sh, win.sw) != (1, 1),
                 "padded": any((win.ph, win.pw, win.pe_h, win.pe_w)), "prologue": bool(pro)}
     algo = schedule.get("conv_algo") or choose_conv_algo(CG, MG, win.kh, win.kw, group, P, **shape_kw)
+    pw: Window | None = None
+    if pool is not None:
+        pw = _pool_window(low, pool, win, oshape)
+        if P * MG * np.dtype(dtype).itemsize > POOL_FUSED_MAX_BYTES:
+            raise NotFusable(f"a conv plane of {P} x {MG} is too large for its MaxPool's block")
+        if win.n * group < task_threads(True):
+            raise NotFusable("a conv with a MaxPool runs a task per image and group: fewer than the threads")
+        algo = "packed"  # whatever a schedule asks: the pool reads the packed kernel's whole block
+    P_out = pw.oh * pw.ow if pw is not None else P
     if algo not in CONV_ALGOS:
         raise ValueError(f"schedule conv_algo={algo!r}: expected one of {CONV_ALGOS}")
     pro_full: list[str] = []
@@ -692,9 +785,11 @@ def generate_conv_kernel(
     args = [ArgSpec(v, views[v], low.values[v].dtype, "in") for v in inputs]
     args += [ArgSpec(v, views[epi_key[v]], low.values[v].dtype, "in") for v in operand_reads]
     args += [ArgSpec(v, views[v], low.values[v].dtype, "out") for v in outputs]
-    out_bytes = int(np.prod(views[outputs[0]])) * np.dtype(dtype).itemsize
+    if pool is not None:  # the kernel stores the pool's output; the conv's stays in the block
+        args[-1] = ArgSpec(final, (win.n, M, P_out), dtype, "out")
+    out_bytes = int(np.prod(args[-1].shape)) * np.dtype(dtype).itemsize
     if into is not None:
-        args[-1] = ArgSpec(into, (win.n, into_m, P), dtype, "out")
+        args[-1] = ArgSpec(into, (win.n, into_m, P_out), dtype, "out")
     keys = [*inputs, *(epi_key[v] for v in operand_reads), *outputs]
     an = {k: f"a{i}" for i, k in enumerate(keys)}
 
@@ -704,6 +799,8 @@ def generate_conv_kernel(
         # index 0 only along a broadcast dimension: a batch of one reads n (always 0) like any
         # other batch, so that its kernel is the other batches' kernel
         i = [v if d != 1 or f == 1 else "0" for v, d, f in zip("nmp", views[key], full, strict=True)]
+        if pool is not None and key == outputs[0]:
+            return f"blk[{_ix('q')}, mm]"  # back into the block, where the pool reads it
         if into is not None and key == outputs[0]:
             i[1] = f"m + {into_off}"
         return f"{an[key]}[{', '.join(i)}]"
@@ -735,7 +832,7 @@ def generate_conv_kernel(
     for o in outputs:
         body.append(f"{at(o)} = {var[o]}")
     # The tail runs over the output's flat elements: not over another kernel's channels.
-    tail = None if into is not None else _transcendental_tail(epi, y, low, outputs, var, body, at, dtype)
+    tail = None if into is not None or pool is not None else _transcendental_tail(epi, y, low, outputs, var, body, at, dtype)
 
     # A plane kernel runs a depthwise conv at 3 to 6 GMAC/s, against 100 and more for the dense
     # algorithms, so it pays for a parallel region at 8x fewer MACs. Measured with 2 threads,
@@ -763,10 +860,15 @@ def generate_conv_kernel(
         lines += _shifted_body(win, group, CG, MG, min(rows, win.oh), wp, dtype, ax, aw, body, parallel)
         imports = ["from fusiontune.codegen.blas import gemm_at32, gemm_at64"]
     elif algo == "packed":
-        plan = plan_packed(win, MG, dtype, schedule.get("conv_orient"), CG, schedule.get("conv_block"))
+        # with a MaxPool: channels in the lanes, so the pool runs over rows of channels, and
+        # every output row in one task, so every window lies in the task's block
+        orient = "lanes" if pool is not None else schedule.get("conv_orient")
+        plan = plan_packed(win, MG, dtype, orient, CG, schedule.get("conv_block"))
         uk = plan.uk
         geo = packed_geometry(win, max(uk.mr, uk.nr))
         rows = int(schedule.get("conv_rows", 0)) or _packed_rows(win, geo, CG, MG, group, np.dtype(dtype).itemsize, parallel)
+        if pool is not None:
+            rows = win.oh
         if w in low.arrays and w not in operand_reads:  # a constant: packed once when the program is built
             packed = Derived(f"{w}#packed{plan.block}", w, "fusiontune.codegen.conv:pack_weights", (group, plan.block))
             derived = (packed,)
@@ -775,9 +877,12 @@ def generate_conv_kernel(
         lines[0] = decorator(args, parallel=parallel, reassoc=False, params=True)
         lines[1] = f"def {name}({', '.join(f'a{i}' for i in range(len(args)))}, prm):"
         packed_lines, params = _packed_body(win, geo, group, CG, MG, min(rows, win.oh), plan, fill, aw,
-                                            body if tail is None else tail.head, parallel, bool(derived))
+                                            body if tail is None else tail.head, parallel, bool(derived),
+                                            in_block=pool is not None)
         if tail is not None:
             packed_lines += _tail_over_rows(tail, "k_group", "k_mg", "k_oh", "k_ow")
+        if pw is not None:
+            packed_lines += _pool_lines(win, pw, an[outputs[0]], dtype, into_off if into is not None else 0)
         lines += packed_lines
         # imported by its full name, so that the kernel cache key covers microkernel.py
         imports = ["from fusiontune.codegen.microkernel import dispatcher, rows_copy",
@@ -816,6 +921,8 @@ def generate_conv_kernel(
         nbytes += out_bytes - int(np.prod(args[-1].shape)) * np.dtype(dtype).itemsize
     flops = 2 * win.n * M * P * K + win.n * M * P * (len(epi) + (bias is not None))
     flops += win.n * win.c * win.h * win.w * len(pro)
+    if pw is not None:
+        flops += win.n * M * P_out * pw.kh * pw.kw
     return KernelSource(name, source, tuple(args), "conv", nbytes, flops, derived, params)
 
 
@@ -1602,7 +1709,7 @@ convs of a network stage share a kernel."""
 
 def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int, rows: int,
                  plan: PackedPlan, fill_with: Fill, aw: str, body: Sequence[str], parallel: bool,
-                 prepacked: bool) -> tuple[list[str], tuple[int, ...]]:
+                 prepacked: bool, in_block: bool = False) -> tuple[list[str], tuple[int, ...]]:
     """Any conv as register-blocked micro-kernel calls over shifted views of phase planes.
 
     A task (image, group, block of output rows) copies its rows of the zero-padded input once
@@ -1613,7 +1720,9 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
     ``mr`` channels by ``nr`` grid positions (``plan.orient == "rows"``) or ``mr`` positions of
     one output row by ``nr`` channels (``"lanes"``), into a scratch block that the epilogue then
     reads while it is in cache. The weights are packed (:func:`pack_weights`): once at build time
-    when they are a constant (``prepacked``), else on entry.
+    when they are a constant (``prepacked``), else on entry. ``in_block`` (``lanes`` only): the
+    epilogue runs over the block's rows of channels and stores its result back into the block,
+    where a fused MaxPool reads it (:func:`_pool_lines`).
 
     The channel counts, groups, channel blocks and the register block are runtime parameters
     (:data:`PACKED_PARAMS`; the micro-kernel's :func:`~fusiontune.codegen.microkernel.dispatcher`
@@ -1743,6 +1852,19 @@ def _packed_body(win: Window, geo: PackedGeometry, group: int, cg: int, mg: int,
             f"                    uk(k_which, k_cg, src + ((oh - r0) * k_wp + c0) * {isz}, ld, sx.ctypes.data,"
             f" wpk[g, mb].ctypes.data, k_nr, sw.ctypes.data, blk.ctypes.data + (q * k_ldc + mb * k_nr) * {isz},"
             " k_ldc, k_taps, 0)",
+        ]
+    if plan.orient != "rows" and in_block:
+        out += [
+            # over each position's row of channels, in place (contiguous, so it vectorizes)
+            "        for q in range((r1 - r0) * k_ow):",
+            f"            p = {_ix('r0 * k_ow + q')}",
+            "            for mm in range(k_mg):",
+            "                m = g * k_mg + mm",
+            f"                acc = blk[{_ix('q')}, mm]",
+            *_epilogue_lines(body, "                "),
+        ]
+    elif plan.orient != "rows":
+        out += [
             # the epilogue transposes in tiles of 64 positions: a channel's column of the tile is
             # gathered into a contiguous row (64 rows of blk stay in L1), and the epilogue runs
             # over that row and writes the channel's 64 outputs as one run, so LLVM vectorizes it

@@ -1,8 +1,8 @@
 """Choose the kernel template for a group and generate its source.
 
-A group with a MatMul is a contraction kernel, one with a Conv a conv kernel (codegen/conv.py); a
-single layout node is a layout kernel, a single MaxPool / AveragePool a window kernel
-(codegen/pool.py); anything else is a loop nest. UBFusion passes ask :func:`check_fusable` before
+A group with a MatMul is a contraction kernel, one with a Conv a conv kernel (codegen/conv.py; it
+may end with a MaxPool, ConvMaxPoolFusionPass); a single layout node is a layout kernel, a single
+MaxPool / AveragePool a window kernel (codegen/pool.py); anything else is a loop nest. UBFusion passes ask :func:`check_fusable` before
 they merge groups, so every group they form is one that a template can run as one kernel.
 
 A group's ``schedule`` carries codegen hints: ``row_block`` and ``matmul_algo`` (contractions), ``conv_algo`` and
@@ -95,7 +95,7 @@ def kernel_source(graph: Graph, node_names: Sequence[str], schedule: Mapping[str
             raise NotFusable("layout ops run as kernels of their own")
         node = graph.node(node_names[0])
         return generate_layout_kernel(node, dict(graph.values), KERNEL_NAME)
-    if any(op in WINDOW_OPS for op in ops):
+    if any(op in WINDOW_OPS for op in ops) and "Conv" not in ops:  # a Conv's kernel may end with a MaxPool
         if len(node_names) != 1:
             raise NotFusable("pooling ops run as kernels of their own")
         return generate_pool_kernel(graph.node(node_names[0]), dict(graph.values), KERNEL_NAME)

@@ -18,7 +18,7 @@ from fusiontune.passes.fused_graph import FusedGraph
 from fusiontune.passes.pipeline import run_pipeline
 from fusiontune.passes.registry import PASSES
 from fusiontune.runtime import Program, build_program, plan_buffers
-from fusiontune.runtime.program import _entry_point
+from fusiontune.runtime.program import _entry_point, concat_in_place
 from fusiontune.workloads import make_workload
 from fusiontune.workloads.workload import training_workload
 
@@ -114,12 +114,14 @@ def _calls_with_roles(
 ) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray], str]]:
     """Per kernel, in call order: the views it reads and writes, by value name, and its group.
 
-    A Reshape that is a view of its input (ReshapeRemovePass, ``plan.views``) runs no kernel."""
+    A Reshape that is a view of its input (ReshapeRemovePass, ``plan.views``) runs no kernel, nor
+    a Concat written in place by its parts' kernels (ConvConcatFusionPass)."""
     views = prog.plan.views
     sources = [
         (group, src)
         for group, src in group_sources(prog.fused)
         if not (len(group.nodes) == 1 and prog.graph.node(group.nodes[0]).outputs[0] in views)
+        and not concat_in_place(group)
     ]
     assert len(sources) == len(prog._calls)
     calls = []
