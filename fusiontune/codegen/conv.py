@@ -264,6 +264,7 @@ from fusiontune.codegen.common import (
     task_threads,
 )
 from fusiontune.codegen.loopnest import EXPENSIVE
+from fusiontune.codegen.pool import max_of
 from fusiontune.codegen.rules import SCALAR_RULES, literal, scalar_expr
 from fusiontune.ir.graph import Node, Shape
 from fusiontune.ir.ops import get_op
@@ -534,15 +535,13 @@ def _pool_lines(win: Window, pw: Window, out: str, dtype: str, channel0: int = 0
     """A packed ``lanes`` task's MaxPool over its block (``blk[position, channel]``: the whole
     output plane of image ``n``, group ``g``, after the epilogue): per window, one loop over the
     block's channels, each a straight-line max of the window's taps (literal offsets; the
-    compare-and-select tree with one NaN test of codegen/pool.py's ``_max_of``), contiguous, so
+    compare-and-select tree with one NaN test of codegen/pool.py's ``max_of``), contiguous, so
     it vectorizes, into a block of pooled positions by channels; then each channel's plane is
     stored as one run (from channel ``channel0`` on: a Concat's part, ConvConcatFusionPass).
     The windows lie inside the plane (:func:`_pool_window`). One image of SqueezeNet's stem (16
     channels @31, 3x3 s2), one thread: a loop over the taps with a running max, each
     bounds-checked, 110 us; the taps written out, each window's channels stored at once to the
     output's planes 5.1-6.0 us, into the block and then transposed 4.0-4.4 us."""
-    from fusiontune.codegen.pool import _max_of
-
     taps = [f"blk[q + {a * pw.dh * win.ow + b * pw.dw}, mm]" for a in range(pw.kh) for b in range(pw.kw)]
     return [
         f"        pb = np.empty(({pw.oh * pw.ow}, k_ldc), dtype=np.{dtype})",
@@ -551,7 +550,7 @@ def _pool_lines(win: Window, pw: Window, out: str, dtype: str, channel0: int = 0
         f"                q = {_ix(f'i * {pw.sh * win.ow} + j * {pw.sw}')}",
         f"                o = {_ix(f'i * {pw.ow} + j')}",
         "                for mm in range(k_mg):",
-        f"                    pb[o, mm] = {_max_of(taps, dtype)}",
+        f"                    pb[o, mm] = {max_of(taps, dtype)}",
         "        for mm in range(k_mg):",
         f"            for o in range({pw.oh * pw.ow}):",
         f"                {out}[n, {channel0} + g * k_mg + mm, o] = pb[o, mm]",

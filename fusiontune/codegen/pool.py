@@ -11,7 +11,7 @@ lies inside it (the padding is never read).
   its window's corner. ``row``: over a wide plane, per output row, the max
   over the window's input rows (contiguous loads, vectorized at any stride) into a row between
   -inf pads, then per output the max over the window's columns of that row. The max of a window
-  is :func:`_max_of`'s compare-and-selects with one NaN test (NaN wherever a NaN is, as
+  is :func:`max_of`'s compare-and-selects with one NaN test (NaN wherever a NaN is, as
   ``np.max``); -inf (padding) never wins. Dilations are honoured. 8x32x64x64 3x3 s2: 1.78 ms ->
   0.57 ms on one core (the row-per-task kernel allocated a row per task and read the input with
   stride-2 gathers).
@@ -90,7 +90,7 @@ def max_pool_algo(win: Window) -> str:
     return "row" if win.wp >= POOL_FLAT_MAX_WIDTH else "flat"
 
 
-def _max_of(terms: list[str], dt: str) -> str:
+def max_of(terms: list[str], dt: str) -> str:
     """The max of ``terms``, NaN if any is NaN: a tree of compare-and-selects (``max``) and one
     NaN test over all of them, 2 vector instructions a term where the IEEE maximum of
     codegen/numerics.py's ``fmaximum`` takes 6 (its NaN and signed-zero fix-ups, per pair; a 3x3
@@ -173,10 +173,10 @@ def _max_row_lines(win: Window, dt: str, prange: str) -> list[str]:
     """MaxPool of wide planes (at least :data:`POOL_FLAT_MAX_WIDTH`), separably: per output row, ``vm`` = the max over the window's rows of the input
     rows (contiguous loads, vectorized at any stride), stored between -inf column pads; then each
     output is the max of ``vm`` over the window's columns, read without bounds checks. A max is
-    exact and order-free but for the sign of a zero (NaN if any input is NaN: :func:`_max_of`) and
+    exact and order-free but for the sign of a zero (NaN if any input is NaN: :func:`max_of`) and
     -inf never wins, so this is the max over the window's elements inside the input."""
     width = win.wp
-    expr = _max_of([f"vm[ow * {win.sw} + {kw * win.dw}]" for kw in range(win.kw)], dt)
+    expr = max_of([f"vm[ow * {win.sw} + {kw * win.dw}]" for kw in range(win.kw)], dt)
     return [
         f"    for t in {prange}({win.n * win.c}):",
         f"        c = t % {win.c}",
@@ -190,7 +190,7 @@ def _max_row_lines(win: Window, dt: str, prange: str) -> list[str]:
         f"                if ih < 0 or ih >= {win.h}:",
         "                    continue",
         "                for u in range(w_n):",
-        f"                    vm[u + {win.pw}] = {_max_of([f'vm[u + {win.pw}]', 'a0[n, c, ih, u]'], dt)}",
+        f"                    vm[u + {win.pw}] = {max_of([f'vm[u + {win.pw}]', 'a0[n, c, ih, u]'], dt)}",
         "            for ow in range(ow_n):",
         f"                a1[n, c, oh, ow] = {expr}",
     ]
@@ -209,8 +209,8 @@ def _max_lines(win: Window, dt: str, prange: str, threads: int) -> list[str]:
     hp, wp = win.hp, win.wp
     nh = hp * wp - (win.kw - 1) * win.dw  # hm's flat length
     nv = ((win.oh - 1) * win.sh) * wp + (win.ow - 1) * win.sw + 1  # vm's: to the last output's corner
-    hexpr = _max_of([f"xp[numba.uint64(i + {kw * win.dw})]" for kw in range(win.kw)], dt)
-    vexpr = _max_of([f"hm[numba.uint64(i + {kh * win.dh * wp})]" for kh in range(win.kh)], dt)
+    hexpr = max_of([f"xp[numba.uint64(i + {kw * win.dw})]" for kw in range(win.kw)], dt)
+    vexpr = max_of([f"hm[numba.uint64(i + {kh * win.dh * wp})]" for kh in range(win.kh)], dt)
     # Planes are dealt to tasks in runs (two runs per thread), and a task allocates its scratch
     # once: 128 planes of 7x7, allocated per plane, took 9.6 us.
     units = win.n * win.c
@@ -289,8 +289,8 @@ def _max_run_lines(win: Window, dt: str, prange: str, per: int) -> list[str]:
     w = win.w
     reach_h = (win.kw - 1) * win.dw  # hm's last position's reach past it
     reach_v = (win.kh - 1) * win.dh * w
-    hexpr = _max_of([f"xf[{_ix(f'b + i + {kw * win.dw}')}]" for kw in range(win.kw)], dt)
-    vexpr = _max_of([f"hm[{_ix(f'i + {kh * win.dh * w}')}]" for kh in range(win.kh)], dt)
+    hexpr = max_of([f"xf[{_ix(f'b + i + {kw * win.dw}')}]" for kw in range(win.kw)], dt)
+    vexpr = max_of([f"hm[{_ix(f'i + {kh * win.dh * w}')}]" for kh in range(win.kh)], dt)
     return [
         *_chunk_loop(win, dt, prange, per, ("hm", "vm")),
         f"            for i in range(run - {reach_h}):",
@@ -411,7 +411,7 @@ def _phase_lines(win: Window, dt: str, prange: str, threads: int, average: bool 
     terms = [f"x{slot[(dy % win.sh) * win.sw + dx % win.sw]}[{_ix(f'q + {(dy // win.sh) * wg + dx // win.sw}')}]"
              for dy, dx in taps]
     # a sum in window order: the row kernel's order, its padded taps (zeros here) skipped there
-    expr = " + ".join(terms) if average else _max_of(terms, dt)
+    expr = " + ".join(terms) if average else max_of(terms, dt)
     pad = "0.0" if average else "-np.inf"
     units = win.n * win.c
     per = -(-units // (2 * threads))

@@ -15,8 +15,8 @@ def max_pool_concat_swap(graph: Graph, ctx: PassContext) -> Graph:
     == Concat(MaxPool(a), MaxPool(b), axis=1)``.
 
     Identity: a max pool works on each (image, channel) plane alone, so pooling the parts and
-    joining them gives the same elements at the same places, exactly. What it buys: each part's pool can then
-    end its conv's kernel (ConvMaxPoolFusionPass), and the Concat joins the pooled parts, a
+    joining them gives the same elements at the same places, exactly. What it buys: each part's
+    pool can then end its conv's kernel (ConvMaxPoolFusionPass), and the Concat joins the pooled parts, a
     quarter of the data at stride 2, or none at all when the convs write into it
     (ConvConcatFusionPass): a SqueezeNet fire module followed by a pool. Preconditions: a 2-D
     MaxPool without an Indices output; the Concat is along axis 1 of a 4-D tensor, read by the

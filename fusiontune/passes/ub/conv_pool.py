@@ -34,8 +34,8 @@ def conv_max_pool_fusion(fused: FusedGraph, ctx: PassContext) -> FusedGraph:
     contiguous channels instead of strided columns of a plane. Identity: each pooled element is
     the max of the same epilogue results over the same window (NaN if any is NaN; the padding is
     never read), exactly. Preconditions: the conv group's only exported value is read by the
-    MaxPool alone and is no graph output; the MaxPool is 2-D with no Indices output and every
-    window touches the plane; the plane of one image and group fits
+    MaxPool alone and is no graph output; the MaxPool is 2-D with no Indices output, its windows
+    lie inside the plane (no pads, no ceil_mode overhang) and hold at most 25 taps; the plane of one image and group fits
     ``codegen.conv.POOL_FUSED_MAX_BYTES``; and there are at least as many (image, group) tasks as
     numba threads, since a task now holds a whole plane. fusiontune's own switch: CANN has no
     pass of this name.
